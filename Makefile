@@ -1,0 +1,31 @@
+# Two entry points a newcomer needs (README): `make smoke` and `make test`. Both install first.
+# On a GPU cluster, install your CUDA build of torch into the venv first and set TORCH_SPEC= CONSTRAINTS=.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+CONSTRAINTS ?= -c .ci/constraints.txt
+EXTRAS ?= dev,eval
+BIN := $(VENV)/bin
+
+.PHONY: install test smoke lint
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(if $(TORCH_SPEC),$(BIN)/pip install -q "$(TORCH_SPEC)" $(CONSTRAINTS))
+	$(BIN)/pip install -q -e ".[$(EXTRAS)]" $(CONSTRAINTS)
+	touch $@
+
+# pytest exits 5 when it collected no test: that is a broken suite, not a pass.
+test: install
+	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5): the suite is broken" >&2; exit 1; fi; \
+	exit $$rc
+
+smoke: install
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake --cores 2
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks && $(BIN)/ruff format --check src tests benchmarks

@@ -1,0 +1,315 @@
+"""The aggregation rule contract: registry, named instances, input checks, group helpers.
+
+A rule is a pure function
+
+    rule(mask [B, T], advantages [B], group_ids [B], *, **params) -> effective advantages [B, T]
+
+over the WHOLE optimiser mini-batch. The effective advantage of a token is (its weight) x (its
+sequence's advantage); the policy-gradient loss is the plain token SUM of the clipped objective
+evaluated with them (see ``aggbench.objective``). Because the weights never depend on the model's
+outputs they are computed once per optimiser step, before the batch is cut into micro-batches or
+spread over data-parallel ranks, so gradient accumulation and data parallelism are exact for every
+rule by construction.
+
+Rules are used as named *instances* (``RuleInstance``): a registered rule plus parameters. The
+instance name is what configs, cell ids, tables and diagnostics show.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, Protocol
+
+import torch
+from torch import Tensor
+
+from aggbench.registry import Registry, RegistryError, did_you_mean
+
+Scope = Literal["group", "batch"]
+
+
+class AggregationFn(Protocol):
+    """Typed signature every registered rule has (extra parameters are keyword-only)."""
+
+    def __call__(self, mask: Tensor, advantages: Tensor, group_ids: Tensor, **params: Any) -> Tensor: ...
+
+
+class AggregationInputError(ValueError):
+    """Bad tensors given to a rule; the message names the field."""
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """A registered rule: its function, its parameters (with defaults) and what it claims."""
+
+    name: str
+    fn: AggregationFn
+    params: Mapping[str, inspect.Parameter]
+    version: str
+    sign_balanced: bool
+    """Claims: binary rewards at group scope give both signs the same total weight."""
+    summary: str
+
+    def param_defaults(self) -> dict[str, Any]:
+        return {k: p.default for k, p in self.params.items()}
+
+
+RULES: Registry[RuleSpec] = Registry("aggregation rule")
+
+
+def register_rule(
+    name: str, *, version: str = "1", sign_balanced: bool = False
+) -> Callable[[AggregationFn], AggregationFn]:
+    """Decorator: register ``fn`` as aggregation rule ``name``.
+
+    The function must take ``(mask, advantages, group_ids)`` positionally and every other
+    parameter keyword-only with a default (the defaults define the rule's default instance).
+    """
+
+    def decorator(fn: AggregationFn) -> AggregationFn:
+        sig = inspect.signature(fn)
+        ps = list(sig.parameters.values())
+        positional = [p.name for p in ps if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if positional != ["mask", "advantages", "group_ids"]:
+            raise RegistryError(
+                f"aggregation rule {name!r}: signature must start (mask, advantages, group_ids, *, ...); "
+                f"got positional parameters {positional}"
+            )
+        params = {}
+        for p in ps[3:]:
+            if p.kind is not p.KEYWORD_ONLY or p.default is p.empty:
+                raise RegistryError(
+                    f"aggregation rule {name!r}: parameter {p.name!r} must be keyword-only with a default"
+                )
+            params[p.name] = p
+        doc = inspect.getdoc(fn) or ""
+        spec = RuleSpec(
+            name=name,
+            fn=fn,
+            params=MappingProxyType(params),
+            version=version,
+            sign_balanced=sign_balanced,
+            summary=doc.splitlines()[0] if doc else "",
+        )
+        RULES.add(name, spec, same=lambda a, b: _same_function(a.fn, b.fn))
+        return fn
+
+    return decorator
+
+
+def _same_function(a: Any, b: Any) -> bool:
+    return getattr(a, "__module__", None) == getattr(b, "__module__", None) and getattr(
+        a, "__qualname__", None
+    ) == getattr(b, "__qualname__", None)
+
+
+def get_rule(name: str) -> RuleSpec:
+    _ensure_builtins()
+    return RULES.get(name)
+
+
+def rule_names() -> list[str]:
+    _ensure_builtins()
+    return RULES.names()
+
+
+def _ensure_builtins() -> None:
+    import aggbench.aggregation.rules  # noqa: F401  (registers the built-in rules)
+
+
+@dataclass(frozen=True)
+class RuleInstance:
+    """A named, parameterised rule: what a config's ``aggregations:`` entry becomes."""
+
+    name: str
+    rule: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        spec = get_rule(self.rule)
+        full = spec.param_defaults()
+        for key, value in dict(self.params).items():
+            if key not in spec.params:
+                valid = ", ".join(spec.params) or "(none)"
+                raise RegistryError(
+                    f"aggregation instance {self.name!r}: rule {self.rule!r} has no parameter {key!r}."
+                    f"{did_you_mean(key, spec.params)} Valid parameters: {valid}"
+                )
+            _check_param_value(self.name, self.rule, spec.params[key], value)
+            full[key] = value
+        object.__setattr__(self, "params", MappingProxyType(full))
+
+    @property
+    def spec(self) -> RuleSpec:
+        return get_rule(self.rule)
+
+    def __call__(self, mask: Tensor, advantages: Tensor, group_ids: Tensor) -> Tensor:
+        """mask [B, T], advantages [B], group_ids [B] -> effective advantages [B, T]."""
+        return self.spec.fn(mask, advantages, group_ids, **self.params)
+
+    def describe(self) -> dict[str, Any]:
+        """Flat description for tags, tables and JSON: rule, version and every parameter."""
+        return {"instance": self.name, "rule": self.rule, "version": self.spec.version, **self.params}
+
+
+def _check_param_value(instance: str, rule: str, param: inspect.Parameter, value: Any) -> None:
+    ann = param.annotation
+    if isinstance(ann, str):  # postponed annotations: resolve Literal[...] by evaluating the string
+        try:
+            ann = eval(ann, {"Literal": Literal, "Scope": Scope, "typing": typing})  # noqa: S307
+        except Exception:
+            return
+    if typing.get_origin(ann) is Literal:
+        allowed = typing.get_args(ann)
+        if value not in allowed:
+            raise RegistryError(
+                f"aggregation instance {instance!r}: {param.name}={value!r} is not allowed for rule "
+                f"{rule!r}; allowed values: {', '.join(map(repr, allowed))}"
+            )
+
+
+def builtin_instances() -> dict[str, RuleInstance]:
+    """The named instances every run knows: each registered rule at its defaults, plus variants."""
+    insts = {name: RuleInstance(name, name) for name in rule_names()}
+    insts["balanced_batch"] = RuleInstance("balanced_batch", "balanced", {"scope": "batch"})
+    insts["balanced_proportional"] = RuleInstance(
+        "balanced_proportional", "balanced", {"variant": "proportional"}
+    )
+    return insts
+
+
+def make_instance(
+    name: str, rule: str | None = None, params: Mapping[str, Any] | None = None
+) -> RuleInstance:
+    """Build an instance from a config entry; ``rule`` defaults to a built-in instance of that name."""
+    if rule is None:
+        known = builtin_instances()
+        if name in known and not params:
+            return known[name]
+        base = known.get(name)
+        if base is None:
+            raise RegistryError(
+                f"aggregation instance {name!r} names no registered rule or built-in instance and gives no "
+                f"`rule:`.{did_you_mean(name, known)} Known: {', '.join(sorted(known))}"
+            )
+        return RuleInstance(name, base.rule, {**base.params, **(params or {})})
+    return RuleInstance(name, rule, dict(params or {}))
+
+
+# ----------------------------------------------------------------------------- input checks
+
+
+def check_inputs(mask: Tensor, advantages: Tensor, group_ids: Tensor) -> Tensor:
+    """Validate a rule's inputs and return the mask as a float tensor of the advantages' dtype.
+
+    mask: [B, T] bool or 0/1; advantages: [B] float, finite; group_ids: [B] integer.
+    """
+    if not isinstance(mask, Tensor) or mask.dim() != 2:
+        raise AggregationInputError(
+            f"mask must be a 2-D tensor [B, T]; got shape {tuple(getattr(mask, 'shape', ()))}"
+        )
+    if not isinstance(advantages, Tensor) or advantages.dim() != 1:
+        raise AggregationInputError(
+            f"advantages must be a 1-D tensor [B]; got shape {tuple(getattr(advantages, 'shape', ()))}"
+        )
+    if not isinstance(group_ids, Tensor) or group_ids.dim() != 1:
+        raise AggregationInputError(
+            f"group_ids must be a 1-D tensor [B]; got shape {tuple(getattr(group_ids, 'shape', ()))}"
+        )
+    b = mask.shape[0]
+    if b == 0:
+        raise AggregationInputError("empty batch: mask has 0 sequences (B = 0); a rule needs at least one")
+    if advantages.shape[0] != b or group_ids.shape[0] != b:
+        raise AggregationInputError(
+            f"mismatched shapes: mask has B={b} sequences but advantages has {advantages.shape[0]} "
+            f"and group_ids has {group_ids.shape[0]}"
+        )
+    if not advantages.is_floating_point():
+        raise AggregationInputError(f"advantages must be floating point; got dtype {advantages.dtype}")
+    if not torch.isfinite(advantages).all():
+        bad = int((~torch.isfinite(advantages)).nonzero()[0])
+        raise AggregationInputError(f"advantages[{bad}] = {advantages[bad].item()} is not finite")
+    if group_ids.is_floating_point() or group_ids.dtype == torch.bool:
+        raise AggregationInputError(f"group_ids must be an integer tensor; got dtype {group_ids.dtype}")
+    if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
+        raise AggregationInputError("mask must hold only 0 and 1 (or be a bool tensor)")
+    return mask.to(advantages.dtype)
+
+
+def mask_from_lengths(lengths: Tensor | list[int], max_len: int | None = None) -> Tensor:
+    """lengths [B] (non-negative ints) -> right-padded bool mask [B, max_len or max(lengths)]."""
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1:
+        raise AggregationInputError(f"lengths must be 1-D [B]; got shape {tuple(lengths.shape)}")
+    if lengths.numel() == 0:
+        raise AggregationInputError("empty batch: lengths is empty")
+    if (lengths < 0).any():
+        i = int((lengths < 0).nonzero()[0])
+        raise AggregationInputError(f"lengths[{i}] = {int(lengths[i])} is negative; a length counts tokens")
+    t = int(lengths.max()) if max_len is None else max_len
+    if int(lengths.max()) > t:
+        raise AggregationInputError(f"lengths has a value {int(lengths.max())} above max_len={t}")
+    return torch.arange(t)[None, :] < lengths[:, None]
+
+
+# ----------------------------------------------------------------------------- group helpers
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Per-sequence group structure of a mini-batch (all tensors on the advantages' device).
+
+    index: [B] long, group of each sequence in 0..n-1; size: [n] sequences per group;
+    counted: [B] bool, whether the sequence's group counts in denominators;
+    n_counted: number of counted groups (>= 1 to keep divisions finite).
+    """
+
+    index: Tensor
+    n: int
+    size: Tensor
+    counted: Tensor
+    n_counted: int
+
+    def sum(self, values: Tensor) -> Tensor:
+        """values [B] -> per-group sums [n]."""
+        return torch.zeros(self.n, dtype=values.dtype, device=values.device).index_add_(0, self.index, values)
+
+    def gather(self, per_group: Tensor) -> Tensor:
+        """per_group [n] -> per-sequence [B]."""
+        return per_group[self.index]
+
+
+def groups_of(advantages: Tensor, group_ids: Tensor, include_zero_groups: bool) -> Groups:
+    """Group structure; a zero group has every advantage exactly 0 (no learning signal)."""
+    _, index = torch.unique(group_ids, return_inverse=True)
+    index = index.to(advantages.device)
+    n = int(index.max()) + 1
+    ones = torch.ones_like(advantages)
+    size = torch.zeros(n, dtype=advantages.dtype, device=advantages.device).index_add_(0, index, ones)
+    nonzero = torch.zeros(n, dtype=advantages.dtype, device=advantages.device).index_add_(
+        0, index, (advantages != 0).to(advantages.dtype)
+    )
+    group_counted = torch.ones(n, dtype=torch.bool, device=advantages.device)
+    if not include_zero_groups:
+        group_counted = nonzero > 0
+    return Groups(
+        index=index,
+        n=n,
+        size=size,
+        counted=group_counted[index],
+        n_counted=max(int(group_counted.sum()), 1),
+    )
+
+
+def broadcast(per_sequence: Tensor, mask: Tensor) -> Tensor:
+    """per_sequence [B] effective advantage of each token of a sequence -> [B, T], zero where mask is 0."""
+    return per_sequence[:, None] * mask
+
+
+def safe_reciprocal(x: Tensor) -> Tensor:
+    """1/x where x > 0, else 0 (an empty set or empty response receives no weight)."""
+    return torch.where(x > 0, 1.0 / x.clamp_min(torch.finfo(x.dtype).tiny), torch.zeros_like(x))
