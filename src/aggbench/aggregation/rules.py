@@ -117,9 +117,11 @@ def constant(
     """Dr. GRPO: c_i = 1 / (N * L_max), a constant normaliser (L_max = configured max response length).
 
     Source: Dr. GRPO (arXiv 2503.20783). Equals TRL ``loss_type="dr_grpo"`` (L_max =
-    max_completion_length). verl's ``seq-mean-token-sum-norm`` is the batch token sum / L_max, i.e.
-    this rule times N. ``max_length=None`` uses the mini-batch's padded width T, which is only
-    stable if responses are padded to the configured maximum: the trainer always passes it.
+    max_completion_length) and verl >= 0.7.1 ``seq-mean-token-sum-norm`` (sum / (N * L_max) with
+    global counts); verl <= 0.6.1's ``seq-mean-token-sum-norm`` is the batch token sum / L_max, i.e.
+    this rule times N (tests/aggregation/test_anchors.py checks both). ``max_length=None`` uses
+    the mini-batch's padded width T, which is only stable if responses are padded to the
+    configured maximum: the trainer always passes the configured ``sampling.max_new_tokens``.
 
     mask: [B, T]; advantages: [B]; group_ids: [B] -> [B, T].
     """

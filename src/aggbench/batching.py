@@ -1,0 +1,102 @@
+"""Turning rollouts into tensors, cutting mini- and micro-batches, and the prompt stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from aggbench.rollout.base import Rollouts
+
+
+@dataclass
+class PackedBatch:
+    """Prompts left-padded to width P, responses right-padded to width T.
+
+    input_ids, attention_mask: [B, P + T]; response_mask: [B, T] bool; prompt_lens,
+    response_lens: [B] long.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    response_mask: Tensor
+    prompt_lens: Tensor
+    response_lens: Tensor
+
+    @property
+    def prompt_width(self) -> int:
+        return self.input_ids.shape[1] - self.response_mask.shape[1]
+
+    def rows(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+        """A micro-batch trimmed to its own widths: (input_ids, attention_mask, response_mask, T').
+
+        Trimming is exact: left padding only shifts positions that the attention mask and the
+        position ids (computed from it) already ignore, and right padding comes after every real
+        token of a causal model.
+        """
+        p_w = int(self.prompt_lens[idx].max())
+        t_w = max(int(self.response_lens[idx].max()), 1)
+        p0 = self.prompt_width
+        cols = slice(p0 - p_w, p0 + t_w)
+        return (
+            self.input_ids[idx][:, cols],
+            self.attention_mask[idx][:, cols],
+            self.response_mask[idx][:, :t_w],
+            t_w,
+        )
+
+
+def pack(rollouts: Rollouts, pad_id: int) -> PackedBatch:
+    b = len(rollouts)
+    p_lens = torch.tensor([len(p) for p in rollouts.prompt_ids])
+    r_lens = torch.tensor([len(r) for r in rollouts.response_ids])
+    p_w, t_w = int(p_lens.max()), max(int(r_lens.max()), 1)
+    ids = torch.full((b, p_w + t_w), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, p_w + t_w), dtype=torch.long)
+    for i, (p, r) in enumerate(zip(rollouts.prompt_ids, rollouts.response_ids, strict=True)):
+        ids[i, p_w - len(p) : p_w] = torch.tensor(p, dtype=torch.long)
+        attn[i, p_w - len(p) : p_w] = 1
+        if r:
+            ids[i, p_w : p_w + len(r)] = torch.tensor(r, dtype=torch.long)
+            attn[i, p_w : p_w + len(r)] = 1
+    resp_mask = torch.arange(t_w)[None, :] < r_lens[:, None]
+    return PackedBatch(ids, attn, resp_mask, p_lens, r_lens)
+
+
+def split_groups(group_ids: Tensor, n_parts: int) -> list[Tensor]:
+    """Row indices of ``n_parts`` mini-batches that keep every prompt group whole."""
+    uniq = torch.unique(group_ids)
+    return [
+        torch.nonzero(torch.isin(group_ids, part)).flatten() for part in torch.tensor_split(uniq, n_parts)
+    ]
+
+
+def split_rows(rows: Tensor, size: int) -> list[Tensor]:
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def prompt_indices(n_data: int, per_step: int, seed: int, step: int) -> list[int]:
+    """Dataset indices of step ``step`` (1-based): consecutive slices of per-epoch permutations.
+
+    A pure function of (seed, step), so a resumed run draws exactly what an uninterrupted one does.
+    """
+    if n_data == 0:
+        raise ValueError("the training dataset is empty")
+    out = []
+    perms: dict[int, list[int]] = {}
+    for k in range((step - 1) * per_step, step * per_step):
+        epoch, pos = divmod(k, n_data)
+        if epoch not in perms:
+            gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
+            perms[epoch] = torch.randperm(n_data, generator=gen).tolist()
+        out.append(perms[epoch][pos])
+    return out
+
+
+def soft_overlong_penalty(lengths: list[int], max_len: int, buffer: int, penalty: float) -> list[float]:
+    """DAPO's soft overlong punishment: 0 up to max_len - buffer, then linear down to -penalty."""
+    if buffer <= 0:
+        return [0.0] * len(lengths)
+    start = max_len - buffer
+    return [0.0 if n <= start else -penalty * min(n - start, buffer) / buffer for n in lengths]

@@ -1,0 +1,236 @@
+"""The training cell's configuration: a validated, typed object; every field documented.
+
+Unknown keys are errors (``extra="forbid"``), so a misspelled key stops a run before it starts,
+with the key's path and the allowed keys in the message. The resolved config (defaults filled in)
+is written next to a run's outputs and its hash tags the MLflow run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class ModelConfig(_Strict):
+    name: str = Field("tiny", description="Short model name used in cell ids (e.g. qwen3-1.7b, tiny).")
+    path: str = Field(
+        ..., description="Local model directory in save_pretrained format (prepare_model's output)."
+    )
+    system_prompt: str | None = Field(None, description="System message put before every prompt, if any.")
+    enable_thinking: bool | None = Field(
+        None, description="Qwen3's thinking switch passed to the chat template; None = template default."
+    )
+    chat_template: bool = Field(True, description="Format prompts with the tokenizer's chat template.")
+
+
+class DatasetConfig(_Strict):
+    name: str = Field("tiny", description="Short dataset name used in cell ids (dapo17k, polaris, tiny).")
+    path: str = Field(..., description="Canonical JSONL of training prompts: {id, prompt, answer} per line.")
+    prompt_template: str = Field(
+        "{prompt}",
+        description="Text with a {prompt} placeholder, replaced once (not str.format: templates hold \\boxed{}).",
+    )
+    grader: Literal["tiny", "math"] = Field("tiny", description="Reward: built-in task exact match, or math.")
+
+
+class AggregationConfig(_Strict):
+    name: str = Field("balanced", description="Instance name shown in cell ids, tables and diagnostics.")
+    rule: str | None = Field(
+        None, description="Registered rule; default: the built-in instance named `name`."
+    )
+    params: dict[str, Any] = Field(default_factory=dict, description="Rule parameters (scope, variant, ...).")
+
+
+class AdvantageConfig(_Strict):
+    estimator: Literal["grpo", "drgrpo"] = Field("grpo", description="Group advantage estimator.")
+    std: Literal["bessel", "population"] = Field("bessel", description="GRPO std (verl and TRL use bessel).")
+    eps: float = Field(1e-6, ge=0, description="GRPO: added to the group std.")
+
+
+class OverlongConfig(_Strict):
+    filter: bool = Field(
+        False, description="Truncated responses (no EOS) get zero advantage (DAPO overlong filter)."
+    )
+    buffer: int = Field(0, ge=0, description="Soft overlong punishment window (DAPO); 0 disables it.")
+    penalty: float = Field(
+        1.0, ge=0, description="Largest soft overlong punishment, reached at the max length."
+    )
+
+
+class AlgorithmConfig(_Strict):
+    total_steps: int = Field(20, ge=1, description="Optimiser-rollout steps of the whole cell.")
+    prompts_per_step: int = Field(8, ge=1, description="Prompts sampled per rollout step.")
+    group_size: int = Field(8, ge=2, description="Responses sampled per prompt (G).")
+    mini_batches: int = Field(1, ge=1, description="Optimiser steps per rollout batch (PPO mini-batches).")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over the rollout batch.")
+    micro_batch_size: int = Field(
+        16, ge=1, description="Sequences per forward/backward (gradient accumulation)."
+    )
+    clip_low: float = Field(0.2, ge=0, description="PPO clip epsilon below 1.")
+    clip_high: float = Field(0.28, ge=0, description="PPO clip epsilon above 1 (DAPO clip-higher).")
+    dual_clip: float | None = Field(None, gt=1, description="Dual-clip constant c > 1, or None.")
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the frozen reference; 0 = no reference model.")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
+    aux_reduction: Literal["token-mean", "seq-mean-token-mean", "sum"] = Field(
+        "token-mean", description="How KL and entropy are aggregated (never the rule's weights)."
+    )
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup, in optimiser steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm (None = off).")
+    dynamic_sampling: bool = Field(False, description="Drop zero-variance groups and refill (DAPO).")
+    dynamic_sampling_max_rounds: int = Field(3, ge=1, description="Extra generation rounds for refilling.")
+    overlong: OverlongConfig = Field(default_factory=OverlongConfig)
+
+
+class SamplingConfig(_Strict):
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    max_new_tokens: int = Field(64, ge=1, description="Maximum response length (also constant's L_max).")
+    max_prompt_tokens: int = Field(256, ge=1, description="Prompts longer than this are an error.")
+
+
+class RolloutConfig(_Strict):
+    engine: Literal["hf", "vllm"] = Field("hf", description="transformers generate (CPU/GPU) or vLLM (GPU).")
+    batch_size: int = Field(64, ge=1, description="Sequences generated per generate call (hf).")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM only.")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM only.")
+    save_rollouts: int = Field(
+        16, ge=0, description="Rollouts saved per step to rollouts/step_N.jsonl (0 = none)."
+    )
+
+
+class CheckpointConfig(_Strict):
+    every: int = Field(5, ge=1, description="Write a checkpoint every N steps (and at the last step).")
+    keep_weights: Literal["all", "eval_steps"] = Field(
+        "all", description="Keep model weights of every checkpoint, or only of `eval_steps` and the latest."
+    )
+    eval_steps: list[int] = Field(
+        default_factory=list, description="Steps whose weights are kept for evaluation."
+    )
+
+
+class TrackingConfig(_Strict):
+    tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI; None = embedded SQLite at <results>/mlflow.db (not for clusters).",
+    )
+    experiment: str = Field("aggbench", description="MLflow experiment (one per config).")
+    enabled: bool = Field(True, description="Log to MLflow at each checkpoint commit.")
+
+
+class TrainConfig(_Strict):
+    cell_id: str | None = Field(None, description="Run name; default model__dataset__aggregation__s<seed>.")
+    seed: int = Field(0, ge=0, description="Seed of prompt order, sampling and initialisation.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available.")
+    precision: Literal["fp32", "bf16", "fp64"] = Field(
+        "fp32", description="bf16 on GPU; fp64 for exactness tests."
+    )
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch default).")
+    model: ModelConfig
+    dataset: DatasetConfig
+    aggregation: AggregationConfig = Field(default_factory=AggregationConfig)
+    plugins: list[str] = Field(default_factory=list, description="Modules or .py files that register rules.")
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @field_validator("cell_id")
+    @classmethod
+    def _cell_id_chars(cls, v: str | None) -> str | None:
+        if v is not None and ("/" in v or v.startswith(".")):
+            raise ValueError(f"cell_id {v!r} must not contain '/' or start with '.'")
+        return v
+
+    @model_validator(mode="after")
+    def _batch_shapes(self) -> TrainConfig:
+        a = self.algorithm
+        if a.prompts_per_step % a.mini_batches:
+            raise ValueError(
+                f"algorithm.mini_batches={a.mini_batches} must divide algorithm.prompts_per_step="
+                f"{a.prompts_per_step} (mini-batches hold whole prompt groups)"
+            )
+        return self
+
+    @property
+    def resolved_cell_id(self) -> str:
+        return (
+            self.cell_id or f"{self.model.name}__{self.dataset.name}__{self.aggregation.name}__s{self.seed}"
+        )
+
+    def hash(self) -> str:
+        """Short hash of the resolved config (paths excluded, so a moved results folder keeps it)."""
+        data = self.model_dump(mode="json")
+        data["model"].pop("path", None)
+        data["dataset"].pop("path", None)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+class ConfigError(ValueError):
+    """A config that does not validate; the message lists each bad field by its dotted path."""
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            parent = _model_at(TrainConfig, err["loc"][:-1])
+            allowed = ", ".join(parent.model_fields) if parent else "?"
+            msg = f"unknown key; allowed keys here: {allowed}"
+        lines.append(f"  {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if (
+            field is None
+            or not isinstance(field.annotation, type)
+            or not issubclass(field.annotation, BaseModel)
+        ):
+            return None
+        model = field.annotation
+    return model
+
+
+def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read and validate a cell YAML; raise ConfigError naming every bad field."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, str(path))) from None
+
+
+def dump_config(cfg: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

@@ -1,0 +1,375 @@
+"""Evaluation benchmarks as data: one versioned YAML per benchmark, loaded into canonical records.
+
+lm-eval's idea, kept small: a benchmark is a declarative spec (hub id + pinned revision + split, the
+offline file name, a field mapping, the prompt template, the grader, sampling and metrics), not
+code. :func:`load_benchmark_spec` finds and validates a spec; :func:`load_benchmark` turns it into
+canonical records::
+
+    math: {"id", "prompt", "answer", ["grading"], ["meta"]}     # prompt = the raw problem text
+    code: {"id", "prompt", "tests", "starter_code", "func_name", "date", "public_tests_only"}
+
+``prompt`` is always the raw problem; :meth:`BenchmarkSpec.render_prompt` applies the template.
+
+Data: ``$AGGBENCH_DATA_DIR/<offline_file>`` overrides the hub (compute nodes may be offline);
+otherwise ``datasets.load_dataset(hub.id, revision=hub.revision, split=hub.split)``.
+The shared machinery (strict models, config lookup, row sources) is in :mod:`aggbench.data.sources`.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import zlib
+from collections.abc import Iterable
+from datetime import date, datetime, time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from aggbench.data.jsonl import DataError, get_field
+from aggbench.data.sources import (
+    DATA_DIR_ENV,
+    BuiltinSource,
+    DataUnavailableError,
+    FieldMap,
+    Grader,
+    HubSource,
+    OfflineJoin,
+    SpecError,
+    Strict,
+    as_answer,
+    as_text,
+    available_names,
+    builtin_rows,
+    check_relative,
+    config_dirs,
+    decode_lcb_tests,
+    hub_rows,
+    looks_like_path,
+    offline_path,
+    offline_rows,
+    read_spec,
+    resolve_config,
+    resolve_data_dir,
+    top_columns,
+)
+
+BENCHMARK_DIR_ENV = "AGGBENCH_BENCHMARK_DIR"
+_PLACEHOLDER = re.compile(r"\{(prompt|starter_code)\}")
+_METRIC = re.compile(r"^(avg|pass|maj)@([1-9][0-9]*)$")
+
+
+class Sampling(Strict):
+    n: int = Field(ge=1)
+    temperature: float = Field(ge=0.0)
+    top_p: float = Field(gt=0.0, le=1.0)
+    max_tokens: int = Field(ge=1)
+    seed: int | None = None
+
+
+class DateWindow(Strict):
+    """Half-open window ``[start, end)`` on the record's date; either end may be open."""
+
+    start: date | None = None
+    end: date | None = None
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DateWindow:
+        if self.start and self.end and self.start >= self.end:
+            raise ValueError(f"start {self.start} must be before end {self.end}")
+        return self
+
+    def contains(self, when: datetime) -> bool:
+        if self.start and when < datetime.combine(self.start, time()):
+            return False
+        return not (self.end and when >= datetime.combine(self.end, time()))
+
+
+class BenchmarkSpec(Strict):
+    """One evaluation benchmark. See configs/benchmarks/*.yaml."""
+
+    name: str
+    version: int = Field(ge=1)
+    description: str = ""
+    hub: HubSource | None = None
+    offline_file: str | None = None
+    offline_join: OfflineJoin | None = None
+    offline_public_tests_only: bool = False
+    builtin: BuiltinSource | None = None
+    fields: FieldMap | None = None
+    answer_from: Literal["field", "boxed_in_solution"] = "field"
+    answer_transform: Literal["none", "integer"] = "none"
+    date_window: DateWindow | None = None
+    prompt_template: str = "{prompt}"
+    prompt_template_starter_code: str | None = None  # used instead when a record has starter code
+    system_prompt: str | None = None
+    use_chat_template: bool = True
+    grader: Grader
+    sampling: Sampling
+    metrics: list[str] = Field(min_length=1)
+
+    _path: Path | None = PrivateAttr(default=None)
+
+    @field_validator("prompt_template", "prompt_template_starter_code")
+    @classmethod
+    def _has_prompt(cls, value: str | None) -> str | None:
+        if value is not None and "{prompt}" not in value:
+            raise ValueError("the template must contain the placeholder {prompt}")
+        return value
+
+    @field_validator("offline_file")
+    @classmethod
+    def _relative(cls, value: str | None) -> str | None:
+        return check_relative(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BenchmarkSpec:
+        if self.builtin is not None:
+            if self.hub or self.offline_file:
+                raise ValueError("builtin excludes hub and offline_file")
+            if self.fields is None:
+                self.fields = FieldMap(id="id", prompt="prompt", answer="answer")
+        elif self.hub is None and self.offline_file is None:
+            raise ValueError("give at least one data source: hub, offline_file or builtin")
+        if self.fields is None:
+            raise ValueError("fields is required (the mapping to the canonical record)")
+        for label, fields in (("fields", self.fields), ("hub.fields", self.hub and self.hub.fields)):
+            if fields is not None:
+                _check_fields(label, fields, self.grader.name, self.answer_from)
+        for fields in (self.fields, self.hub and self.hub.fields):
+            if self.date_window and fields and not fields.date:
+                raise ValueError("date_window needs fields.date (and hub.fields.date when given)")
+        for metric in self.metrics:
+            match = _METRIC.match(metric)
+            if not match:
+                raise ValueError(f"metric {metric!r} is not one of avg@k, pass@k, maj@k")
+            if int(match.group(2)) > self.sampling.n:
+                raise ValueError(f"metric {metric!r} needs k <= sampling.n ({self.sampling.n})")
+        return self
+
+    @property
+    def source_path(self) -> Path | None:
+        """The YAML file this spec was read from (None when built in code)."""
+        return self._path
+
+    @property
+    def task(self) -> Literal["math", "code", "tiny"]:
+        return self.grader.name
+
+    def with_date_window(self, start: date | str | None, end: date | str | None) -> BenchmarkSpec:
+        """A validated copy with another date window (e.g. another LiveCodeBench release)."""
+        data = self.model_dump()
+        data["date_window"] = {"start": start, "end": end}
+        spec = type(self).model_validate(data)
+        spec._path = self._path
+        return spec
+
+    def render_prompt(self, record: dict[str, Any]) -> str:
+        """The user-turn text for one record: the template with {prompt} (and {starter_code})."""
+        template = self.prompt_template
+        if self.prompt_template_starter_code and record.get("starter_code"):
+            template = self.prompt_template_starter_code
+        values = {"prompt": record["prompt"], "starter_code": record.get("starter_code") or ""}
+        # One pass, so braces inside the problem text (LaTeX) are never re-substituted.
+        return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+
+    def render_messages(self, record: dict[str, Any]) -> list[dict[str, str]]:
+        """Chat messages (system prompt if any, then the user turn) for a chat template."""
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return [*messages, {"role": "user", "content": self.render_prompt(record)}]
+
+
+def _check_fields(label: str, fields: FieldMap, grader: str, answer_from: str) -> None:
+    if grader == "code":
+        if not fields.tests:
+            raise ValueError(f"{label}.tests is required for grader 'code'")
+    elif answer_from == "boxed_in_solution":
+        if not fields.solution:
+            raise ValueError(f"{label}.solution is required for answer_from: boxed_in_solution")
+    elif not fields.answer:
+        raise ValueError(f"{label}.answer is required for grader {grader!r}")
+
+
+def list_benchmarks() -> list[str]:
+    """Names of the benchmarks found under ``$AGGBENCH_BENCHMARK_DIR`` and ``configs/benchmarks``."""
+    return available_names(config_dirs("benchmarks", BENCHMARK_DIR_ENV))
+
+
+def load_benchmark_spec(name_or_path: str | Path) -> BenchmarkSpec:
+    """Find (path, or NAME under ``$AGGBENCH_BENCHMARK_DIR`` / ``configs/benchmarks``) and validate."""
+    path = resolve_config(name_or_path, kind="benchmark", subdir="benchmarks", env_var=BENCHMARK_DIR_ENV)
+    expect = None if looks_like_path(name_or_path) else path.stem
+    return read_spec(BenchmarkSpec, path, kind="benchmark", expect_name=expect)
+
+
+# --------------------------------------------------------------------------- canonical records
+
+
+class BenchmarkRecords(list):
+    """``list[dict]`` of canonical records, plus where they came from and caveats for reports."""
+
+    def __init__(self, records: Iterable[dict[str, Any]], *, spec: BenchmarkSpec, source: str) -> None:
+        super().__init__(records)
+        self.spec = spec
+        self.source = source
+        self.public_tests_only = any(r.get("public_tests_only") for r in self)
+        self.notes = ["public tests only"] if self.public_tests_only else []
+
+
+def load_benchmark(
+    spec: BenchmarkSpec | str | Path, *, data_dir: str | Path | None = None, limit: int | None = None
+) -> BenchmarkRecords:
+    """Canonical records of one benchmark (offline file if present under the data dir, else the hub)."""
+    if not isinstance(spec, BenchmarkSpec):
+        spec = load_benchmark_spec(spec)
+    root = resolve_data_dir(data_dir)
+    fields = spec.fields
+    assert fields is not None  # set by the validator
+    public_only = False
+    if spec.builtin is not None:
+        rows, source = builtin_rows(spec.builtin), "builtin:tiny"
+    elif path := offline_path(root, spec.offline_file, name=spec.name, has_hub=spec.hub is not None):
+        rows, source = offline_rows(root, spec.offline_file, spec.offline_join), str(path)  # type: ignore[arg-type]
+        public_only = spec.offline_public_tests_only
+    elif spec.hub is not None:
+        rows = hub_rows(
+            spec.hub,
+            name=spec.name,
+            offline_file=spec.offline_file,
+            columns=top_columns(spec.hub.fields or fields),
+            data_dir=root,
+        )
+        source = f"hf://datasets/{spec.hub.id}@{spec.hub.revision}"
+        fields = spec.hub.fields or fields
+    else:
+        raise DataUnavailableError(
+            f"{spec.name}: no hub source, and the offline file {spec.offline_file!r} was not found under "
+            f"${DATA_DIR_ENV} ({DATA_DIR_ENV} is {repr(str(root)) if root else 'unset'}). "
+            f"Set {DATA_DIR_ENV} to the directory that holds {spec.offline_file}."
+        )
+    records = []
+    for index, (where, line, row) in enumerate(rows):
+        record = to_record(spec, fields, row, index=index, where=where, line=line, public_only=public_only)
+        if spec.date_window and not spec.date_window.contains(datetime.fromisoformat(record["date"])):
+            continue
+        records.append(record)
+        if limit is not None and len(records) >= limit:
+            break
+    return BenchmarkRecords(records, spec=spec, source=source)
+
+
+def to_record(
+    spec: BenchmarkSpec,
+    fields: FieldMap,
+    row: dict[str, Any],
+    *,
+    index: int,
+    where: str,
+    line: int,
+    public_only: bool = False,
+) -> dict[str, Any]:
+    """Map one source row to the canonical record (errors name where/line/field)."""
+
+    def get(path: str) -> Any:
+        return get_field(row, path, where=where, line=line)
+
+    record: dict[str, Any] = {
+        "id": as_text(get(fields.id), where, line, fields.id) if fields.id else f"{spec.name}-{index}"
+    }
+    record["prompt"] = as_text(get(fields.prompt), where, line, fields.prompt)
+    if spec.grader.name == "code":
+        record.update(_code_fields(fields, row, get, where, line))
+        record["public_tests_only"] = bool(public_only or row.get("_public_tests_only", False))
+    elif spec.answer_from == "boxed_in_solution":
+        record["answer"] = only_boxed(
+            as_text(get(fields.solution), where, line, fields.solution), where, line, fields.solution
+        )
+    else:
+        record["answer"] = as_answer(get(fields.answer), spec.answer_transform, where, line, fields.answer)
+    if fields.date:
+        record["date"] = _date(get(fields.date), where, line, fields.date).isoformat()
+    if fields.grading:
+        record["grading"] = {col.rsplit(".", 1)[-1]: get(col) for col in fields.grading}
+    if fields.meta:
+        record["meta"] = {col.rsplit(".", 1)[-1]: get(col) for col in fields.meta}
+    return record
+
+
+def only_boxed(text: str, where: str, line: int, field: str | None) -> str:
+    """The content of the single ``\\boxed{...}`` in ``text`` (braces matched; exactly one required).
+
+    Written here rather than taken from math-verify: its ``parse`` returns parsed sympy objects,
+    while the loader needs the reference answer verbatim and must reject solutions with 0 or 2+ boxes.
+    """
+    starts = [m.end() for m in re.finditer(r"\\boxed\s*\{", text)]
+    if len(starts) != 1:
+        raise DataError(where, line, field, f"expected exactly one \\boxed{{...}}, found {len(starts)}")
+    depth, i = 1, starts[0]
+    while i < len(text) and depth:
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        i += 1
+    if depth:
+        raise DataError(where, line, field, "\\boxed{ has no closing brace")
+    return as_text(text[starts[0] : i - 1].strip(), where, line, field)
+
+
+def _date(value: Any, where: str, line: int, field: str) -> datetime:
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=None)
+    if isinstance(value, date):
+        return datetime.combine(value, time())
+    try:
+        return datetime.fromisoformat(str(value)).replace(tzinfo=None)
+    except ValueError:
+        raise DataError(where, line, field, f"expected an ISO date, got {value!r}") from None
+
+
+def _code_fields(fields: FieldMap, row: dict[str, Any], get: Any, where: str, line: int) -> dict[str, Any]:
+    assert fields.tests is not None
+    tests = get(fields.tests)
+    try:
+        tests = decode_lcb_tests(tests) if isinstance(tests, str) else tests
+    except (ValueError, zlib.error, pickle.UnpicklingError) as exc:
+        raise DataError(where, line, fields.tests, f"cannot decode tests ({exc})") from None
+    starter = get(fields.starter_code) if fields.starter_code else ""
+    starter = starter or ""
+    if not isinstance(tests, list) or not tests:
+        raise DataError(where, line, fields.tests, "expected a non-empty list of tests")
+    clean = []
+    for k, test in enumerate(tests):
+        if (
+            not isinstance(test, dict)
+            or not isinstance(test.get("input"), str)
+            or not isinstance(test.get("output"), str)
+        ):
+            raise DataError(
+                where, line, f"{fields.tests}.{k}", "expected {input: str, output: str, testtype}"
+            )
+        testtype = test.get("testtype") or ("functional" if starter else "stdin")
+        if testtype not in ("stdin", "functional"):
+            raise DataError(where, line, f"{fields.tests}.{k}.testtype", f"unknown test type {testtype!r}")
+        clean.append({"input": test["input"], "output": test["output"], "testtype": testtype})
+    func_name = (get(fields.func_name) if fields.func_name else None) or _first_def(starter)
+    if any(t["testtype"] == "functional" for t in clean) and not func_name:
+        raise DataError(
+            where, line, fields.func_name or fields.starter_code, "functional tests need a function name"
+        )
+    return {"tests": clean, "starter_code": starter, "func_name": func_name}
+
+
+def _first_def(starter_code: str) -> str | None:
+    match = re.search(r"^\s*def\s+([A-Za-z_]\w*)\s*\(", starter_code, flags=re.MULTILINE)
+    return match.group(1) if match else None
+
+
+__all__ = [
+    "BENCHMARK_DIR_ENV",
+    "BenchmarkRecords",
+    "BenchmarkSpec",
+    "DataUnavailableError",
+    "SpecError",
+    "list_benchmarks",
+    "load_benchmark",
+    "load_benchmark_spec",
+]

@@ -1,0 +1,47 @@
+"""Prompt construction shared by the trainer and the evaluator (one code path for both)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def format_prompt(
+    tokenizer: Any,
+    text: str,
+    *,
+    system_prompt: str | None = None,
+    enable_thinking: bool | None = None,
+    chat_template: bool = True,
+) -> str:
+    """The exact prompt string the model sees: the model's chat template with a generation header.
+
+    ``enable_thinking`` is passed to the template only when set (Qwen3's switch; other templates
+    ignore unknown variables). Without ``chat_template`` the text is used as it is (base models).
+    """
+    if not chat_template:
+        return text if system_prompt is None else f"{system_prompt}\n\n{text}"
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            "model.chat_template is true but the tokenizer has no chat template; "
+            "set model.chat_template: false for a base model"
+        )
+    messages = [] if system_prompt is None else [{"role": "system", "content": system_prompt}]
+    messages.append({"role": "user", "content": text})
+    kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+
+
+def encode_prompts(
+    tokenizer: Any, texts: list[str], *, max_tokens: int | None = None, **kw: Any
+) -> list[list[int]]:
+    """Token ids of each formatted prompt (the template already holds the special tokens)."""
+    out = []
+    for i, text in enumerate(texts):
+        ids = tokenizer(format_prompt(tokenizer, text, **kw), add_special_tokens=False)["input_ids"]
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise ValueError(
+                f"prompt {i} has {len(ids)} tokens, above sampling.max_prompt_tokens={max_tokens}; "
+                "raise the limit or filter the dataset"
+            )
+        out.append(ids)
+    return out

@@ -1,0 +1,88 @@
+"""Rollouts with transformers ``generate``: CPU and GPU, sharing the training model's weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from aggbench.rollout.base import Rollouts
+
+
+class HFEngine:
+    """Samples from the policy model itself (no weight copy, so ``sync_weights`` is a no-op)."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 64) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_ids = _eos_ids(model, tokenizer)
+
+    def sync_weights(self, model: Any) -> None:
+        self.model = model
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: list[list[int]],
+        *,
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        seed: int,
+    ) -> Rollouts:
+        flat = [(g, p) for g, p in enumerate(prompts) for _ in range(n)]
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        torch.manual_seed(seed)  # sampling is a pure function of (weights, prompts, seed)
+        out = Rollouts([], [], [], [], [])
+        try:
+            for start in range(0, len(flat), self.batch_size):
+                chunk = flat[start : start + self.batch_size]
+                width = max(len(p) for _, p in chunk)
+                ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+                attn = torch.zeros((len(chunk), width), dtype=torch.long)
+                for i, (_, p) in enumerate(chunk):  # left padding
+                    ids[i, width - len(p) :] = torch.tensor(p)
+                    attn[i, width - len(p) :] = 1
+                gen = self.model.generate(
+                    input_ids=ids.to(device),
+                    attention_mask=attn.to(device),
+                    do_sample=True,
+                    temperature=temperature,
+                    top_p=top_p,
+                    top_k=0,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=self.pad_id,
+                    eos_token_id=self.eos_ids,
+                )[:, width:].cpu()
+                for i, (g, p) in enumerate(chunk):
+                    resp = gen[i].tolist()
+                    cut = next((j + 1 for j, t in enumerate(resp) if t in self.eos_ids), None)
+                    finished = cut is not None
+                    resp = resp[:cut] if finished else resp
+                    out.prompt_ids.append(list(p))
+                    out.response_ids.append(resp)
+                    out.finished.append(finished)
+                    out.group.append(g)
+                    out.texts.append(self.tokenizer.decode(resp, skip_special_tokens=True))
+        finally:
+            self.model.train(was_training)
+        return out
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    ids: list[int] = []
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for v in (gen_eos, tokenizer.eos_token_id):
+        if v is None:
+            continue
+        ids.extend(v if isinstance(v, list) else [v])
+    if not ids:
+        raise ValueError(
+            "the tokenizer and generation config define no eos_token_id; generation could not stop"
+        )
+    return sorted(set(ids))

@@ -1,0 +1,241 @@
+"""metrics.jsonl (the source of truth) and its idempotent mirror in MLflow.
+
+Policy (say it once, use it everywhere): a step's metrics reach MLflow only after the checkpoint
+that contains the step has committed, and the sync is idempotent: it asks MLflow for the last step
+of the sentinel metric ``train/step`` and logs only later steps, each step in one ``log_batch``
+call (one database transaction), with the sentinel inside it. A crash at any point therefore
+leaves MLflow holding each step at most once, and the next sync (on resume, or ``aggbench ingest``)
+fills in what is missing. Readers also go through ``metric_history``, which keeps one value per
+step, so even a store written by something else cannot show a step twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+SENTINEL = "train/step"
+
+
+class MetricsLog:
+    """Append-only JSONL of per-step metric rows, cut back to a checkpoint on resume."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def read(self) -> list[dict[str, Any]]:
+        """Rows ordered by step, one per step (a later line for the same step wins)."""
+        if not self.path.exists():
+            return []
+        by_step: dict[int, dict[str, Any]] = {}
+        for n, line in enumerate(self.path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                # a torn last line from a crash mid-write: everything before it is intact
+                if n == len(self.path.read_text().splitlines()):
+                    break
+                raise ValueError(f"{self.path}:{n}: not valid JSON") from None
+            by_step[int(row["step"])] = row
+        return [by_step[s] for s in sorted(by_step)]
+
+    def truncate_after(self, step: int) -> None:
+        """Keep only rows with ``row.step <= step`` (atomic rewrite)."""
+        rows = [r for r in self.read() if r["step"] <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        os.replace(tmp, self.path)
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def results_root(run_dir: Path) -> Path:
+    """``results/`` for ``results/runs/<cell>``; otherwise the run directory itself."""
+    run_dir = Path(run_dir).resolve()
+    return run_dir.parent.parent if run_dir.parent.name == "runs" else run_dir
+
+
+def resolve_tracking_uri(configured: str | None, run_dir: Path) -> str:
+    """Config value, else $MLFLOW_TRACKING_URI, else an embedded SQLite file under results/."""
+    if configured:
+        return configured
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{results_root(run_dir) / 'mlflow.db'}"
+
+
+def _retry(fn, *args, attempts: int = 8, **kwargs):
+    """SQLite under concurrent jobs answers 'database is locked' now and then: back off and retry."""
+    delay = 0.2
+    for i in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # mlflow wraps sqlalchemy errors in MlflowException
+            if i == attempts - 1 or "locked" not in str(exc).lower() and "busy" not in str(exc).lower():
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 3.0)
+
+
+class MlflowRun:
+    """One MLflow run per cell: found by the ``aggbench.cell_id`` tag, created once, reused on resume."""
+
+    def __init__(self, tracking_uri: str, experiment: str, cell_id: str, run_dir: Path) -> None:
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        self.mlflow = mlflow
+        self.uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.cell_id = cell_id
+        self.run_dir = Path(run_dir)
+        self.experiment_id = _retry(self._experiment, experiment)
+        self.run_id = _retry(self._find_or_create)
+
+    def _experiment(self, name: str) -> str:
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        artifacts = None
+        if self.uri.startswith("sqlite:///"):
+            artifacts = (Path(self.uri[len("sqlite:///") :]).parent / "mlartifacts").as_uri()
+        try:
+            return self.client.create_experiment(name, artifact_location=artifacts)
+        except Exception:  # created concurrently by another job
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def _find_or_create(self) -> str:
+        marker = self.run_dir / "mlflow_run.json"
+        if marker.exists():
+            saved = json.loads(marker.read_text())
+            if saved.get("tracking_uri") == self.uri:
+                return saved["run_id"]
+        found = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`aggbench.cell_id` = '{self.cell_id}'", max_results=5
+        )
+        if found:
+            run_id = sorted(found, key=lambda r: r.info.start_time)[0].info.run_id
+        else:
+            run = self.client.create_run(
+                self.experiment_id, run_name=self.cell_id, tags={"aggbench.cell_id": self.cell_id}
+            )
+            run_id = run.info.run_id
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"tracking_uri": self.uri, "run_id": run_id}))
+        return run_id
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
+        for i in range(0, len(items), 100):
+            _retry(self.client.log_batch, self.run_id, tags=items[i : i + 100])
+
+    def last_synced_step(self) -> int:
+        hist = _retry(self.client.get_metric_history, self.run_id, SENTINEL)
+        return max((int(m.step) for m in hist), default=0)
+
+    def sync(self, rows: Iterable[dict[str, Any]], *, upto: int | None = None) -> int:
+        """Log every row with last_synced < step <= upto; return how many steps were logged."""
+        from mlflow.entities import Metric
+
+        done = self.last_synced_step()
+        logged = 0
+        for row in rows:
+            step = int(row["step"])
+            if step <= done or (upto is not None and step > upto):
+                continue
+            ts = int(row.get("time", time.time()) * 1000)
+            metrics = [
+                Metric(k, float(v), ts, step)
+                for k, v in row.items()
+                if k not in ("step", "time", SENTINEL)
+                and isinstance(v, int | float)
+                and not isinstance(v, bool)
+            ]
+            metrics.append(Metric(SENTINEL, float(step), ts, step))  # last: marks the step as synced
+            if len(metrics) > 1000:
+                raise ValueError(
+                    f"step {step} has {len(metrics)} metrics; MLflow's log_batch takes at most 1000"
+                )
+            _retry(self.client.log_batch, self.run_id, metrics=metrics)
+            logged += 1
+        return logged
+
+    def set_terminated(self, status: str = "FINISHED") -> None:
+        _retry(self.client.set_terminated, self.run_id, status)
+
+
+def metric_history(client: Any, run_id: str, key: str) -> dict[int, float]:
+    """One value per step (the latest logged wins): every reader of MLflow metrics goes through this."""
+    out: dict[int, tuple[int, float]] = {}
+    for m in client.get_metric_history(run_id, key):
+        prev = out.get(int(m.step))
+        if prev is None or m.timestamp >= prev[0]:
+            out[int(m.step)] = (m.timestamp, m.value)
+    return {s: v for s, (_, v) in sorted(out.items())}
+
+
+def run_tags(cfg: Any, plugin_files: list[Path]) -> dict[str, Any]:
+    """Tags of a cell's MLflow run: what it is, and what code produced it."""
+    import hashlib
+    import platform
+
+    import torch
+    import transformers
+
+    from aggbench import __version__
+    from aggbench.aggregation import make_instance
+
+    inst = make_instance(cfg.aggregation.name, cfg.aggregation.rule, cfg.aggregation.params or None)
+    tags = {
+        "aggbench.cell_id": cfg.resolved_cell_id,
+        "model": cfg.model.name,
+        "dataset": cfg.dataset.name,
+        "aggregation": inst.name,
+        "aggregation.rule": inst.rule,
+        "aggregation.version": inst.spec.version,
+        "seed": cfg.seed,
+        "config_hash": cfg.hash(),
+        "git_sha": _git_sha(),
+        "versions": f"aggbench={__version__} torch={torch.__version__} transformers={transformers.__version__} "
+        f"python={platform.python_version()}",
+    }
+    for k, v in inst.params.items():
+        tags[f"aggregation.{k}"] = v
+    if plugin_files:
+        h = hashlib.sha256()
+        for f in sorted(plugin_files):
+            h.update(Path(f).read_bytes())
+        tags["plugin_source_sha256"] = h.hexdigest()[:16]
+    return tags
+
+
+def _git_sha() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def finite(x: float) -> float:
+    return x if math.isfinite(x) else float("nan")

@@ -1,0 +1,445 @@
+"""GRPO-style training of one cell, readable top to bottom.
+
+Design decisions, stated first:
+
+1. One process trains one cell, or one *segment* of it (``until_step``) that ends at a checkpoint,
+   so a SLURM walltime bounds a segment, not a 7B run. A run directory is locked while trained.
+2. A step is one rollout batch: sample P prompts -> G responses each -> rewards -> group
+   advantages -> ``mini_batches`` x ``ppo_epochs`` optimiser updates.
+3. The aggregation rule is a weighting of the WHOLE optimiser mini-batch: effective advantages (and
+   the KL/entropy token weights) are computed once per mini-batch, before it is cut into
+   micro-batches; each micro-batch's loss is a plain token sum, so accumulation is exact.
+4. Everything random is a function of (seed, step): the prompts of a step and its sampling seed.
+   Resuming from a checkpoint therefore reproduces the uninterrupted run, on CPU bit for bit.
+5. ``metrics.jsonl`` is the source of truth, one line per finished step, cut back to the
+   checkpoint's step on resume. MLflow receives a step only after the checkpoint containing it
+   committed, through an idempotent sync (``aggbench.tracking``): no step is lost or doubled.
+6. Crash tests inject faults at named points: ``AGGBENCH_FAULT=<point>:<step>`` makes the process
+   die with ``os._exit`` (no cleanup, like a kill) at ``mid_step``, ``after_metrics`` or
+   ``checkpoint_write``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aggbench import batching
+from aggbench.advantages import get_advantage
+from aggbench.aggregation import load_plugins, make_instance
+from aggbench.aggregation.diagnostics import diagnostics
+from aggbench.checkpoint import (
+    RunLock,
+    apply_retention,
+    clean_partial,
+    latest_resumable,
+    save_checkpoint,
+)
+from aggbench.config import TrainConfig, dump_config
+from aggbench.logprobs import response_logprobs
+from aggbench.objective import aux_token_weights, kl_k3, pg_token_loss, unit_pg_loss
+from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_tags
+
+log = logging.getLogger("aggbench.train")
+
+
+def fault(point: str, step: int | None = None) -> None:
+    """Crash-test hook: die without cleanup when AGGBENCH_FAULT names this point (and step)."""
+    spec = os.environ.get("AGGBENCH_FAULT", "")
+    if not spec:
+        return
+    name, _, at = spec.partition(":")
+    if name == point and (not at or step is None or int(at) == step):
+        sys.stderr.write(f"AGGBENCH_FAULT: dying at {point} (step {step})\n")
+        sys.stderr.flush()
+        os._exit(17)
+
+
+def load_records(path: str) -> list[dict[str, Any]]:
+    records = []
+    with open(path) as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+            for key in ("prompt", "answer"):
+                if key not in rec:
+                    raise ValueError(
+                        f"{path}:{n}: missing field {key!r} (canonical records: id, prompt, answer)"
+                    )
+            records.append(rec)
+    return records
+
+
+def _device_and_dtype(cfg: TrainConfig) -> tuple[torch.device, torch.dtype, Any]:
+    dev = cfg.device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(dev)
+    if cfg.precision == "fp64":
+        return device, torch.float64, contextlib.nullcontext
+    if cfg.precision == "bf16":
+        # fp32 master weights and optimizer state; bf16 autocast for forward passes and generation
+        return device, torch.float32, lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return device, torch.float32, contextlib.nullcontext
+
+
+def train(
+    cfg: TrainConfig, out_dir: str | Path, *, until_step: int | None = None, quiet: bool = False
+) -> dict:
+    """Train ``cfg``'s cell into ``out_dir`` up to ``until_step`` (default: the end). Returns a summary."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with RunLock(out):
+        return _train_locked(cfg, out, until_step, quiet)
+
+
+def _train_locked(cfg: TrainConfig, out: Path, until_step: int | None, quiet: bool) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aggbench.rewards import RewardFn
+    from aggbench.rollout import make_engine
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    a, s = cfg.algorithm, cfg.sampling
+    last = min(until_step or a.total_steps, a.total_steps)
+    plugin_files = [Path(p) for p in cfg.plugins if p.endswith(".py")]
+    load_plugins(cfg.plugins, search_paths=[Path.cwd()])
+    rule = make_instance(cfg.aggregation.name, cfg.aggregation.rule, cfg.aggregation.params or None)
+    if rule.rule == "constant" and rule.params.get("max_length") is None:
+        rule = make_instance(rule.name, rule.rule, {**rule.params, "max_length": s.max_new_tokens})
+    estimator = get_advantage(cfg.advantage.estimator)
+    adv_kwargs = (
+        {"std": cfg.advantage.std, "eps": cfg.advantage.eps} if cfg.advantage.estimator == "grpo" else {}
+    )
+    device, dtype, autocast = _device_and_dtype(cfg)
+    dump_config(cfg, out / "config.resolved.yaml")
+
+    # ---- resume point: the latest complete checkpoint with trainer state
+    clean_partial(out)
+    start = latest_resumable(out) or 0
+    if start >= last:
+        log.info("%s: already at step %d (asked for %d); nothing to do", cfg.resolved_cell_id, start, last)
+        return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": start}
+    model_dir = out / "checkpoints" / f"step_{start}" if start else Path(cfg.model.path)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+    model.train()
+    ref_model = None
+    if a.kl_coef > 0:
+        ref_model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).to(device).eval()
+        ref_model.requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=a.betas, weight_decay=a.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: min(1.0, (k + 1) / a.warmup_steps) if a.warmup_steps else 1.0
+    )
+    if start:
+        state = torch.load(out / "checkpoints" / f"step_{start}" / "trainer_state.pt", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+    metrics_log = MetricsLog(out / "metrics.jsonl")
+    metrics_log.truncate_after(start)
+    tracker = None
+    if cfg.tracking.enabled:
+        uri = resolve_tracking_uri(cfg.tracking.tracking_uri, out)
+        tracker = MlflowRun(uri, cfg.tracking.experiment, cfg.resolved_cell_id, out)
+        tracker.set_tags(run_tags(cfg, plugin_files))
+        tracker.sync(metrics_log.read(), upto=start)  # fills in steps a crash kept from MLflow
+
+    records = load_records(cfg.dataset.path)
+    reward_fn = RewardFn(cfg.dataset.grader)
+    engine = make_engine(cfg.rollout.engine, model, tokenizer, batch_size=cfg.rollout.batch_size)
+    prompt_kw = {
+        "system_prompt": cfg.model.system_prompt,
+        "enable_thinking": cfg.model.enable_thinking,
+        "chat_template": cfg.model.chat_template,
+    }
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    bar = _progress(
+        range(start + 1, last + 1), quiet, cfg.resolved_cell_id, initial=start, total=a.total_steps
+    )
+    try:
+        for step in bar:
+            t0 = time.perf_counter()
+            # ---- 1. rollouts: G samples per prompt (dynamic sampling refills zero-variance groups)
+            idx = batching.prompt_indices(len(records), a.prompts_per_step, cfg.seed, step)
+            with autocast():
+                roll, recs, rewards, ds_rounds = _rollouts_with_rewards(
+                    cfg, engine, tokenizer, records, idx, step, reward_fn, prompt_kw
+                )
+            t_gen = time.perf_counter() - t0
+            # ---- 2. rewards -> group advantages (overlong shaping first)
+            lengths = [len(r) for r in roll.response_ids]
+            shaped = [
+                r + p
+                for r, p in zip(
+                    rewards,
+                    batching.soft_overlong_penalty(
+                        lengths, s.max_new_tokens, a.overlong.buffer, a.overlong.penalty
+                    ),
+                    strict=True,
+                )
+            ]
+            gids = torch.tensor(roll.group, dtype=torch.long)
+            adv = estimator(torch.tensor(shaped, dtype=torch.float64), gids, **adv_kwargs)
+            batch = batching.pack(roll, pad_id)
+            mask = batch.response_mask.clone()
+            if a.overlong.filter:  # truncated responses leave the loss entirely (DAPO overlong filter)
+                truncated = torch.tensor([not f for f in roll.finished])
+                mask[truncated] = False
+                adv = torch.where(truncated, torch.zeros_like(adv), adv)
+            # ---- 3. updates: weights of each mini-batch computed once, before micro-batching
+            t1 = time.perf_counter()
+            upd = _update(
+                cfg, model, ref_model, optimizer, scheduler, batch, mask, adv, gids, rule, autocast, step
+            )
+            t_upd = time.perf_counter() - t1
+            # ---- 4. metrics (source of truth first), rollouts sample, checkpoint, MLflow
+            row = _step_metrics(
+                step, rewards, roll, mask, adv, gids, rule, upd, t_gen, t_upd, ds_rounds, scheduler
+            )
+            metrics_log.append(row)
+            _save_rollouts(out, step, roll, recs, rewards, adv, cfg.rollout.save_rollouts)
+            if step % cfg.checkpoint.every == 0 or step == last:
+                fault("after_metrics", step)
+                state = {
+                    "step": step,
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                    "python_rng": random.getstate(),
+                }
+                save_checkpoint(out, step, model, tokenizer, state, fault=lambda p, _s=step: fault(p, _s))
+                apply_retention(out, step, cfg.checkpoint.keep_weights, cfg.checkpoint.eval_steps)
+                if tracker is not None:
+                    tracker.sync(metrics_log.read(), upto=step)
+            _report(bar, quiet, cfg.resolved_cell_id, row, a.total_steps)
+        if tracker is not None and last == a.total_steps:
+            tracker.set_terminated("FINISHED")
+    finally:
+        reward_fn.close()
+    return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": last}
+
+
+def _rollouts_with_rewards(cfg, engine, tokenizer, records, idx, step, reward_fn, prompt_kw):
+    """Generate, grade, and (dynamic sampling) refill zero-variance groups; returns whole groups."""
+    from aggbench.prompts import encode_prompts
+    from aggbench.rollout.base import Rollouts
+
+    a, s = cfg.algorithm, cfg.sampling
+    kept, kept_recs, kept_rewards, rounds = [], [], [], 0
+    pending = list(idx)
+    rng = random.Random(cfg.seed * 7919 + step)
+    while True:
+        recs = [records[i] for i in pending]
+        texts = [cfg.dataset.prompt_template.replace("{prompt}", r["prompt"]) for r in recs]
+        ids = encode_prompts(tokenizer, texts, max_tokens=s.max_prompt_tokens, **prompt_kw)
+        roll = engine.generate(
+            ids,
+            n=a.group_size,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_new_tokens=s.max_new_tokens,
+            seed=cfg.seed * 1_000_003 + step * 101 + rounds,
+        )
+        rewards = reward_fn(roll.texts, [recs[g]["answer"] for g in roll.group])
+        for g in range(len(recs)):
+            rows = [i for i in range(len(roll)) if roll.group[i] == g]
+            r = [rewards[i] for i in rows]
+            if a.dynamic_sampling and min(r) == max(r):
+                continue
+            part = roll.select(rows)
+            part.group = [len(kept)] * len(rows)
+            kept.append(part)
+            kept_recs.append(recs[g])
+            kept_rewards.extend(r)
+        rounds += 1
+        short = a.prompts_per_step - len(kept)
+        if not a.dynamic_sampling or short <= 0 or rounds > a.dynamic_sampling_max_rounds:
+            break
+        pending = [rng.randrange(len(records)) for _ in range(short)]
+    if a.dynamic_sampling and len(kept) > a.prompts_per_step:
+        kept, kept_recs = kept[: a.prompts_per_step], kept_recs[: a.prompts_per_step]
+        kept_rewards = kept_rewards[: a.prompts_per_step * a.group_size]
+    if not kept:  # every group had zero variance even after refills: train on the last draw (no signal)
+        return roll, recs, rewards, rounds
+    return Rollouts.concat(kept), kept_recs, kept_rewards, rounds
+
+
+def _update(
+    cfg, model, ref_model, optimizer, scheduler, batch, mask, adv, gids, rule, autocast, step
+) -> dict:
+    a = cfg.algorithm
+    clip = {"clip_low": a.clip_low, "clip_high": a.clip_high, "dual_clip": a.dual_clip}
+    b = mask.shape[0]
+    dtype = next(model.parameters()).dtype
+    all_rows = torch.arange(b)
+    needs_old = a.ppo_epochs * a.mini_batches > 1
+
+    def forward(rows, grad: bool, m=model):
+        ids, attn, _, t_w = batch.rows(rows)
+        with torch.set_grad_enabled(grad), autocast():
+            logp, ent = response_logprobs(
+                m,
+                ids.to(_dev(m)),
+                attn.to(_dev(m)),
+                t_w,
+                with_entropy=True,
+                temperature=cfg.sampling.temperature,
+            )
+        return logp.to(torch.float64 if dtype == torch.float64 else torch.float32), ent, t_w
+
+    t_full = mask.shape[1]
+    old_full = torch.zeros(mask.shape, dtype=torch.float64)
+    ref_full = torch.zeros(mask.shape, dtype=torch.float64)
+    for rows in batching.split_rows(all_rows, a.micro_batch_size):
+        if needs_old:
+            logp, _, t_w = forward(rows, False)
+            old_full[rows, :t_w] = logp.detach().cpu().double()
+        if ref_model is not None:
+            logp, _, t_w = forward(rows, False, ref_model)
+            ref_full[rows, :t_w] = logp.detach().cpu().double()
+    unit_full = torch.zeros(mask.shape, dtype=torch.float64)
+    sums = {
+        "pg_loss": 0.0,
+        "kl": 0.0,
+        "entropy": 0.0,
+        "clipped": 0.0,
+        "tokens": 0.0,
+        "grad_norm": [],
+        "updates": 0,
+    }
+    for epoch in range(a.ppo_epochs):
+        for mb in batching.split_groups(gids, a.mini_batches):
+            m_mb = mask[mb]
+            eff = rule(m_mb, adv[mb], gids[mb])  # the whole mini-batch, once
+            aux_w = aux_token_weights(m_mb, a.aux_reduction)
+            for pos in batching.split_rows(torch.arange(len(mb)), a.micro_batch_size):
+                rows = mb[pos]
+                logp, ent, t_w = forward(rows, True)
+                dev = logp.device
+                m = m_mb[pos, :t_w].to(dev)
+                old = old_full[rows, :t_w].to(dev, logp.dtype) if needs_old else logp.detach()
+                e = eff[pos, :t_w].to(dev, logp.dtype)
+                tok_loss, clipped = pg_token_loss(logp, old, e, **clip)
+                pg = (tok_loss * m).sum()
+                w = aux_w[pos, :t_w].to(dev, logp.dtype)
+                loss = pg
+                kl = torch.zeros((), device=dev, dtype=logp.dtype)
+                if ref_model is not None:
+                    kl = (w * kl_k3(logp, ref_full[rows, :t_w].to(dev, logp.dtype))).sum()
+                    loss = loss + a.kl_coef * kl
+                ent_w = (w * ent.to(logp.dtype)).sum()
+                if a.entropy_coef > 0:
+                    loss = loss - a.entropy_coef * ent_w
+                loss.backward()
+                fault("mid_step", step)
+                if epoch == 0:
+                    sign = torch.sign(adv[rows])[:, None].expand(-1, t_w).to(dev, logp.dtype) * m
+                    unit_full[rows, :t_w] = (
+                        unit_pg_loss(logp.detach(), old.detach(), sign, **clip).double().cpu()
+                    )
+                sums["pg_loss"] += float(pg.detach())
+                sums["kl"] += float(kl.detach())
+                sums["entropy"] += float(ent_w.detach())
+                sums["clipped"] += float((clipped & m.bool()).sum())
+                sums["tokens"] += float(m.sum())
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm or math.inf)
+            sums["grad_norm"].append(float(norm))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            sums["updates"] += 1
+    sums["unit_loss"] = unit_full
+    del t_full
+    return sums
+
+
+def _dev(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _step_metrics(
+    step, rewards, roll, mask, adv, gids, rule, upd, t_gen, t_upd, ds_rounds, scheduler
+) -> dict:
+    n_upd = max(upd["updates"], 1)
+    r = torch.tensor(rewards, dtype=torch.float64)
+    tokens = int(mask.sum())
+    row: dict[str, Any] = {"step": step, "time": time.time()}
+    row["reward/mean"] = float(r.mean())
+    row["accuracy"] = float((r > 0.5).double().mean())
+    row["response/truncated_frac"] = 1.0 - sum(roll.finished) / len(roll)
+    row["loss/pg"] = upd["pg_loss"] / n_upd
+    row["loss/kl"] = upd["kl"] / n_upd
+    row["entropy"] = upd["entropy"] / n_upd
+    row["clip_frac"] = upd["clipped"] / max(upd["tokens"], 1.0)
+    row["grad_norm"] = sum(upd["grad_norm"]) / n_upd
+    row["lr"] = scheduler.get_last_lr()[0]
+    row["time/generate_s"] = t_gen
+    row["time/update_s"] = t_upd
+    row["tokens_per_s"] = tokens / max(t_gen + t_upd, 1e-9)
+    row["dynamic_sampling/rounds"] = ds_rounds
+    row.update(diagnostics(mask, adv, gids, instances={rule.name: rule}, unit_loss=upd["unit_loss"]))
+    return row
+
+
+def _save_rollouts(out: Path, step: int, roll, recs, rewards, adv, n: int) -> None:
+    if n <= 0:
+        return
+    d = out / "rollouts"
+    d.mkdir(exist_ok=True)
+    with open(d / f"step_{step}.jsonl", "w") as fh:
+        for i in range(min(n, len(roll))):
+            rec = recs[roll.group[i]]
+            fh.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "group": roll.group[i],
+                        "id": rec.get("id"),
+                        "prompt": rec["prompt"],
+                        "answer": rec["answer"],
+                        "response": roll.texts[i],
+                        "length": len(roll.response_ids[i]),
+                        "finished": roll.finished[i],
+                        "reward": rewards[i],
+                        "advantage": float(adv[i]),
+                    }
+                )
+                + "\n"
+            )
+
+
+def _progress(steps, quiet: bool, cell: str, *, initial: int, total: int):
+    if quiet:
+        return steps
+    from tqdm.auto import tqdm
+
+    return tqdm(steps, desc=cell, initial=initial, total=total, unit="step", dynamic_ncols=True)
+
+
+def _report(bar, quiet: bool, cell: str, row: dict, total: int) -> None:
+    msg = (
+        f"reward={row['reward/mean']:.3f} len+={row['len/pos_mean']:.1f} len-={row['len/neg_mean']:.1f} "
+        f"pg={row['loss/pg']:.4f} gen={row['time/generate_s']:.1f}s upd={row['time/update_s']:.1f}s"
+    )
+    if quiet:
+        print(f"[{cell}] step {row['step']}/{total} {msg}", flush=True)
+    else:
+        bar.set_postfix_str(msg)
