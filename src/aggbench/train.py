@@ -46,9 +46,8 @@ from aggbench.checkpoint import (
     save_checkpoint,
 )
 from aggbench.config import TrainConfig, dump_config
-from aggbench.logprobs import response_logprobs
-from aggbench.objective import aux_token_weights, kl_k3, pg_token_loss, unit_pg_loss
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_tags
+from aggbench.update import LossSettings, accumulate_gradients, fixed_logprobs, minibatch_weights
 
 log = logging.getLogger("aggbench.train")
 
@@ -285,90 +284,64 @@ def _rollouts_with_rewards(cfg, engine, tokenizer, records, idx, step, reward_fn
 def _update(
     cfg, model, ref_model, optimizer, scheduler, batch, mask, adv, gids, rule, autocast, step
 ) -> dict:
+    """ppo_epochs x mini_batches optimiser updates on one rollout batch (design decision 3)."""
     a = cfg.algorithm
-    clip = {"clip_low": a.clip_low, "clip_high": a.clip_high, "dual_clip": a.dual_clip}
-    b = mask.shape[0]
-    dtype = next(model.parameters()).dtype
-    all_rows = torch.arange(b)
-    needs_old = a.ppo_epochs * a.mini_batches > 1
-
-    def forward(rows, grad: bool, m=model):
-        ids, attn, _, t_w = batch.rows(rows)
-        with torch.set_grad_enabled(grad), autocast():
-            logp, ent = response_logprobs(
-                m,
-                ids.to(_dev(m)),
-                attn.to(_dev(m)),
-                t_w,
-                with_entropy=True,
-                temperature=cfg.sampling.temperature,
-            )
-        return logp.to(torch.float64 if dtype == torch.float64 else torch.float32), ent, t_w
-
-    t_full = mask.shape[1]
-    old_full = torch.zeros(mask.shape, dtype=torch.float64)
-    ref_full = torch.zeros(mask.shape, dtype=torch.float64)
-    for rows in batching.split_rows(all_rows, a.micro_batch_size):
-        if needs_old:
-            logp, _, t_w = forward(rows, False)
-            old_full[rows, :t_w] = logp.detach().cpu().double()
-        if ref_model is not None:
-            logp, _, t_w = forward(rows, False, ref_model)
-            ref_full[rows, :t_w] = logp.detach().cpu().double()
-    unit_full = torch.zeros(mask.shape, dtype=torch.float64)
+    settings = _loss_settings(cfg)
+    old = fixed_logprobs(model, batch, settings, autocast) if a.ppo_epochs * a.mini_batches > 1 else None
+    ref = fixed_logprobs(ref_model, batch, settings, autocast) if ref_model is not None else None
+    unit_loss = torch.zeros(mask.shape, dtype=torch.float64)
     sums = {
         "pg_loss": 0.0,
         "kl": 0.0,
         "entropy": 0.0,
         "clipped": 0.0,
         "tokens": 0.0,
-        "grad_norm": [],
+        "grad_norm": 0.0,
         "updates": 0,
     }
     for epoch in range(a.ppo_epochs):
         for mb in batching.split_groups(gids, a.mini_batches):
-            m_mb = mask[mb]
-            eff = rule(m_mb, adv[mb], gids[mb])  # the whole mini-batch, once
-            aux_w = aux_token_weights(m_mb, a.aux_reduction)
-            for pos in batching.split_rows(torch.arange(len(mb)), a.micro_batch_size):
-                rows = mb[pos]
-                logp, ent, t_w = forward(rows, True)
-                dev = logp.device
-                m = m_mb[pos, :t_w].to(dev)
-                old = old_full[rows, :t_w].to(dev, logp.dtype) if needs_old else logp.detach()
-                e = eff[pos, :t_w].to(dev, logp.dtype)
-                tok_loss, clipped = pg_token_loss(logp, old, e, **clip)
-                pg = (tok_loss * m).sum()
-                w = aux_w[pos, :t_w].to(dev, logp.dtype)
-                loss = pg
-                kl = torch.zeros((), device=dev, dtype=logp.dtype)
-                if ref_model is not None:
-                    kl = (w * kl_k3(logp, ref_full[rows, :t_w].to(dev, logp.dtype))).sum()
-                    loss = loss + a.kl_coef * kl
-                ent_w = (w * ent.to(logp.dtype)).sum()
-                if a.entropy_coef > 0:
-                    loss = loss - a.entropy_coef * ent_w
-                loss.backward()
-                fault("mid_step", step)
-                if epoch == 0:
-                    sign = torch.sign(adv[rows])[:, None].expand(-1, t_w).to(dev, logp.dtype) * m
-                    unit_full[rows, :t_w] = (
-                        unit_pg_loss(logp.detach(), old.detach(), sign, **clip).double().cpu()
-                    )
-                sums["pg_loss"] += float(pg.detach())
-                sums["kl"] += float(kl.detach())
-                sums["entropy"] += float(ent_w.detach())
-                sums["clipped"] += float((clipped & m.bool()).sum())
-                sums["tokens"] += float(m.sum())
+            eff, aux_w = minibatch_weights(rule, mask[mb], adv[mb], gids[mb], a.aux_reduction)  # once
+            stats = accumulate_gradients(
+                model,
+                batch,
+                mask,
+                adv,
+                mb,
+                torch.arange(len(mb)),
+                eff,
+                aux_w,
+                settings,
+                old=old,
+                ref=ref,
+                autocast=autocast,
+                unit_loss_out=unit_loss if epoch == 0 else None,
+                after_backward=lambda: fault("mid_step", step),
+            )
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm or math.inf)
-            sums["grad_norm"].append(float(norm))
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+            for k, v in stats.items():
+                sums[k] += v
+            sums["grad_norm"] += float(norm)
             sums["updates"] += 1
-    sums["unit_loss"] = unit_full
-    del t_full
+    sums["unit_loss"] = unit_loss
     return sums
+
+
+def _loss_settings(cfg: TrainConfig) -> LossSettings:
+    a = cfg.algorithm
+    return LossSettings(
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        dual_clip=a.dual_clip,
+        kl_coef=a.kl_coef,
+        entropy_coef=a.entropy_coef,
+        aux_reduction=a.aux_reduction,
+        temperature=cfg.sampling.temperature,
+        micro_batch_size=a.micro_batch_size,
+    )
 
 
 def _dev(model) -> torch.device:
@@ -389,7 +362,7 @@ def _step_metrics(
     row["loss/kl"] = upd["kl"] / n_upd
     row["entropy"] = upd["entropy"] / n_upd
     row["clip_frac"] = upd["clipped"] / max(upd["tokens"], 1.0)
-    row["grad_norm"] = sum(upd["grad_norm"]) / n_upd
+    row["grad_norm"] = upd["grad_norm"] / n_upd
     row["lr"] = scheduler.get_last_lr()[0]
     row["time/generate_s"] = t_gen
     row["time/update_s"] = t_upd

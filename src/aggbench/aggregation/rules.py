@@ -156,7 +156,8 @@ def balanced(
         binary rewards:  L_BA = (k/n_u) (1/T+) sum_{S+} sum_t l  +  ((n_u-k)/n_u) (1/T-) sum_{S-} sum_t l
 
     For non-binary rewards the paper weights by "advantage mass"; its exact formula is not available,
-    so ``variant`` picks a reading (all three are identical for binary rewards):
+    so ``variant`` picks a reading (all three are identical for binary rewards at group scope; at
+    batch scope |A| differs between groups of one sign, and they differ):
       - ``mass``: every token of S gets effective advantage sign(S) * M_S / (n_u * T_S): tokens count
         equally inside a sign whatever their own |A_i|; each sign's total weight is M_S / n_u, as
         under ``sequence``.

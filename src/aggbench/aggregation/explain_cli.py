@@ -1,0 +1,231 @@
+"""``aggbench explain`` (what every rule does to MY batch) and ``aggbench rules`` (what is registered)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from aggbench.aggregation.core import RuleInstance, builtin_instances, get_rule, rule_names
+from aggbench.aggregation.explain import (
+    BatchInputError,
+    check_counts,
+    explain,
+    format_table,
+    groups_from_size,
+    make_batch,
+    parse_groups,
+    parse_lengths,
+    parse_rewards,
+    plot,
+    read_rollouts,
+    to_json,
+)
+from aggbench.registry import RegistryError, did_you_mean, load_plugins
+
+_EXAMPLE = "aggbench explain --lengths 10,500,20,30 --rewards 1,0,1,0 --group-size 2"
+
+
+def _bad(exc: BatchInputError) -> click.BadParameter:
+    return click.BadParameter(exc.message, param_hint=f"'{exc.option}'")
+
+
+def _load_plugins(modules: Sequence[str]) -> None:
+    if not modules:
+        return
+    rule_names()  # register the built-in rules first, so they list before the plugin's
+    try:
+        load_plugins(modules, search_paths=[Path.cwd()])
+    except RegistryError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--plugin'") from None
+
+
+def _select(rules: str | None) -> dict[str, RuleInstance]:
+    known = builtin_instances()
+    if not rules:
+        return known
+    chosen: dict[str, RuleInstance] = {}
+    for name in (s.strip() for s in rules.split(",")):
+        if name not in known:
+            raise click.BadParameter(
+                f"unknown rule instance {name!r}.{did_you_mean(name, known)} Valid names: {', '.join(known)}",
+                param_hint="'--rules'",
+            )
+        chosen[name] = known[name]
+    return chosen
+
+
+@click.command(
+    "explain",
+    epilog=f"\b\nExample:\n  {_EXAMPLE}",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+@click.option("--lengths", help="Response lengths in tokens, comma-separated: 10,500,20,30.")
+@click.option("--rewards", help="Rewards, one per length, comma-separated: 1,0,1,0.")
+@click.option(
+    "--rollouts",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="JSONL file, one response per line with fields group, length, reward (instead of --lengths/--rewards).",
+)
+@click.option("--group-size", type=int, help="Consecutive groups of this size (default: one group of all).")
+@click.option("--groups", "groups_text", help="Group label of each sequence, comma-separated: 0,0,1,1.")
+@click.option(
+    "--advantage", default="grpo", show_default=True, help="Advantage estimator (grpo, drgrpo, ...)."
+)
+@click.option(
+    "--std",
+    type=click.Choice(["bessel", "population"]),
+    help="grpo's group std: bessel (divide by G-1, verl/TRL; default) or population (divide by G).",
+)
+@click.option(
+    "--max-length",
+    type=int,
+    help="Pad responses to this width (constant's L_max when it has no max_length); default: the longest.",
+)
+@click.option("--rules", help="Comma-separated rule instances to show (default: all).")
+@click.option(
+    "--plugin",
+    "plugins",
+    multiple=True,
+    help="Module (dotted path or .py file) registering extra rules; repeatable.",
+)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option(
+    "--plot",
+    "plot_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write a PNG figure here.",
+)
+def command(
+    lengths: str | None,
+    rewards: str | None,
+    rollouts: Path | None,
+    group_size: int | None,
+    groups_text: str | None,
+    advantage: str,
+    std: str | None,
+    max_length: int | None,
+    rules: str | None,
+    plugins: tuple[str, ...],
+    fmt: str,
+    plot_path: Path | None,
+) -> None:
+    """Show what every aggregation rule does to one batch.
+
+    For each rule instance: per sequence, its advantage, the per-token weight the rule gives it
+    (effective advantage / advantage), the effective advantage of each token and the sequence's
+    total weight; then the total weight per advantage sign and their ratio.
+    """
+    try:
+        if rollouts is not None:
+            given = [
+                n for n, v in (("--lengths", lengths), ("--rewards", rewards), ("--groups", groups_text)) if v
+            ]
+            if group_size is not None:
+                given.append("--group-size")
+            if given:
+                raise click.UsageError(
+                    f"--rollouts gives lengths, rewards and groups; drop {', '.join(given)}"
+                )
+            lens, rews, groups = read_rollouts(rollouts)
+        else:
+            if lengths is None or rewards is None:
+                missing = " and ".join(
+                    n for n, v in (("--lengths", lengths), ("--rewards", rewards)) if v is None
+                )
+                raise click.UsageError(f"missing {missing} (or give --rollouts FILE). Example: {_EXAMPLE}")
+            lens, rews = parse_lengths(lengths), parse_rewards(rewards)
+            if group_size is not None and groups_text is not None:
+                raise click.UsageError("give --group-size or --groups, not both")
+            groups: list[Any] | None = None
+            if groups_text is not None:
+                groups = parse_groups(groups_text)
+            elif group_size is not None:
+                check_counts(lens, rews)  # a count mismatch is the clearer error
+                groups = groups_from_size(len(lens), group_size)
+        if plot_path is not None and not plot_path.resolve().parent.is_dir():
+            raise click.BadParameter(f"folder {plot_path.parent} does not exist", param_hint="'--plot'")
+        _load_plugins(plugins)
+        instances = _select(rules)
+        batch = make_batch(lens, rews, groups, advantage=advantage, std=std, max_length=max_length)
+    except BatchInputError as exc:
+        raise _bad(exc) from None
+
+    try:
+        reports = explain(batch, instances)
+    except Exception as exc:  # a plugin rule may fail on this batch: say which
+        raise click.ClickException(f"a rule failed on this batch: {type(exc).__name__}: {exc}") from exc
+
+    if fmt == "json":
+        try:
+            click.echo(json.dumps(to_json(batch, reports), indent=2, default=str))
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+    else:
+        click.echo(format_table(batch, reports), nl=False)
+    if plot_path is not None:
+        written = plot(batch, reports, plot_path)
+        click.echo(f"wrote {written}", err=True)
+
+
+def rules_info() -> dict[str, Any]:
+    """Registered rules and built-in instances as plain data (the JSON form of ``aggbench rules``)."""
+    rules = {}
+    for name in rule_names():
+        spec = get_rule(name)
+        rules[name] = {
+            "version": spec.version,
+            "params": spec.param_defaults(),
+            "sign_balanced": spec.sign_balanced,
+            "summary": spec.summary,
+            "module": getattr(spec.fn, "__module__", "?"),
+        }
+    insts = {}
+    for name, inst in builtin_instances().items():
+        defaults = get_rule(inst.rule).param_defaults()
+        insts[name] = {
+            "rule": inst.rule,
+            "params": dict(inst.params),
+            "non_default": {k: v for k, v in inst.params.items() if defaults.get(k) != v},
+        }
+    return {"rules": rules, "instances": insts}
+
+
+@click.command("rules", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--plugin",
+    "plugins",
+    multiple=True,
+    help="Module (dotted path or .py file) registering extra rules; repeatable.",
+)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def rules_command(plugins: tuple[str, ...], fmt: str) -> None:
+    """List the registered aggregation rules and the built-in rule instances."""
+    _load_plugins(plugins)
+    info = rules_info()
+    if fmt == "json":
+        click.echo(json.dumps(info, indent=2, default=str))
+        return
+    out = [f"Registered aggregation rules ({len(info['rules'])}):", ""]
+    for name, r in info["rules"].items():
+        params = ", ".join(f"{k}={v!r}" for k, v in r["params"].items()) or "(none)"
+        origin = "" if r["module"].startswith("aggbench.") else f"   [from {r['module']}]"
+        out += [
+            f"  {name}  v{r['version']}   sign_balanced: {'yes' if r['sign_balanced'] else 'no'}{origin}",
+            f"      {r['summary']}",
+            f"      parameters: {params}",
+        ]
+    out += ["", "Built-in instances (the names configs and `explain --rules` use):", ""]
+    width = max(len(n) for n in info["instances"])
+    for name, inst in info["instances"].items():
+        args = ", ".join(f"{k}={v!r}" for k, v in inst["non_default"].items())
+        out.append(f"  {name.ljust(width)}  = {inst['rule']}({args})")
+    click.echo("\n".join(out))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(command())
