@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prepare-model": ("aggbench.tiny_cli", "Build a model directory (the built-in tiny model)."),
     "grade": ("aggbench.grading.cli", "Grade generations (math or code) from a JSONL file."),
     "train": ("aggbench.train_cli", "Train one cell, or one segment of it, resuming from checkpoints."),
+    "generate": ("aggbench.evaluate_cli:generate_command", "Sample a checkpoint on benchmarks (model loaded once)."),
+    "score": ("aggbench.evaluate_cli:score_command", "Grade one benchmark's samples and compute its metrics."),
+    "evaluate": ("aggbench.evaluate_cli:evaluate_command", "generate + score + log to MLflow, for one checkpoint."),
+    "crosscheck": ("aggbench.lmeval_check", "Cross-check generations and verdicts with lm-eval."),
 }
 
 
