@@ -15,3 +15,25 @@ def shared_data() -> Path:
     if not path.is_dir():
         pytest.fail(f"offline benchmark data not found at {path}; set AGGBENCH_SHARED_DATA")
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_sft_model(tmp_path_factory) -> Path:
+    """A briefly warm-started tiny model (answers in the task's format, so GRPO groups have reward
+    variance), built once per test session."""
+    from aggbench.tiny import tiny_model_for_tests
+
+    return tiny_model_for_tests(tmp_path_factory.mktemp("tiny-sft"), sft_steps=40, batch_size=32)
+
+
+@pytest.fixture(scope="session")
+def tiny_train_data(tmp_path_factory) -> Path:
+    """The built-in task's train split as canonical JSONL."""
+    import json
+
+    from aggbench.tiny_task import make_task
+
+    train, _ = make_task(0, 256, 16)
+    path = tmp_path_factory.mktemp("tiny-data") / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in train))
+    return path

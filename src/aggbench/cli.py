@@ -19,9 +19,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prepare-model": ("aggbench.tiny_cli", "Build a model directory (the built-in tiny model)."),
     "grade": ("aggbench.grading.cli", "Grade generations (math or code) from a JSONL file."),
     "train": ("aggbench.train_cli", "Train one cell, or one segment of it, resuming from checkpoints."),
-    "generate": ("aggbench.evaluate_cli:generate_command", "Sample a checkpoint on benchmarks (model loaded once)."),
-    "score": ("aggbench.evaluate_cli:score_command", "Grade one benchmark's samples and compute its metrics."),
-    "evaluate": ("aggbench.evaluate_cli:evaluate_command", "generate + score + log to MLflow, for one checkpoint."),
+    "generate": (
+        "aggbench.evaluate_cli:generate_command",
+        "Sample a checkpoint on benchmarks (model loaded once).",
+    ),
+    "score": (
+        "aggbench.evaluate_cli:score_command",
+        "Grade one benchmark's samples and compute its metrics.",
+    ),
+    "evaluate": (
+        "aggbench.evaluate_cli:evaluate_command",
+        "generate + score + log to MLflow, for one checkpoint.",
+    ),
+    "grid": ("aggbench.grid_cli", "Check and expand an experiment grid (cells, job counts, cell configs)."),
+    "prepare-data": (
+        "aggbench.grid_cli:prepare_data_command",
+        "Write a training dataset as canonical JSONL.",
+    ),
+    "ingest": ("aggbench.report_cli:ingest_command", "Put run files into MLflow (idempotent)."),
+    "report": ("aggbench.report_cli:report_command", "Peak and last-step tables and plots from MLflow."),
     "crosscheck": ("aggbench.lmeval_check", "Cross-check generations and verdicts with lm-eval."),
 }
 

@@ -1,0 +1,258 @@
+"""The experiment grid: models x datasets x aggregation instances x seeds, and its jobs.
+
+The Snakefile imports this module (the package never imports Snakemake) to expand the grid, and
+``aggbench grid check`` runs the same validation from the shell. Validation happens before any job
+starts: JSON schema first (misspelled keys, negative steps), then what a schema cannot know
+(registered rules after loading plugins, known benchmarks and datasets, local model paths, the
+per-cell training config), each error naming the key and the allowed values.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SCHEMA_PATH = Path(__file__).parent / "schemas" / "experiment.schema.yaml"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class GridError(ValueError):
+    """An experiment config that cannot run; the message names the key and the allowed values."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    id: str
+    model: str
+    dataset: str
+    aggregation: str
+    seed: int
+
+
+def load_schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def load_experiment(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise GridError(f"experiment config {path} does not exist")
+    exp = yaml.safe_load(path.read_text()) or {}
+    validate_experiment(exp)
+    return exp
+
+
+def _schema_errors(exp: dict) -> list[str]:
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(load_schema())
+    out = []
+    for err in sorted(validator.iter_errors(exp), key=lambda e: list(e.absolute_path)):
+        where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
+        if err.validator == "additionalProperties":
+            allowed = ", ".join(sorted(err.schema.get("properties", {})))
+            extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+            out.append(f"{where}: unknown key(s) {', '.join(map(repr, extra))}; allowed keys: {allowed}")
+        else:
+            out.append(f"{where}: {err.message}")
+    return out
+
+
+def fill_defaults(exp: dict) -> dict:
+    """Schema defaults for the top level and evaluation (what snakemake.utils.validate also sets)."""
+    schema = load_schema()["properties"]
+    for key in ("results_dir", "tracking_uri", "plugins"):
+        exp.setdefault(key, copy.deepcopy(schema[key]["default"]))
+    ev = exp.setdefault("evaluation", {})
+    for key, spec in schema["evaluation"]["properties"].items():
+        if "default" in spec:
+            ev.setdefault(key, spec["default"])
+    exp.setdefault("resources", {})
+    return exp
+
+
+def validate_experiment(exp: dict) -> None:
+    """Raise GridError listing every problem, or return None."""
+    errors = _schema_errors(exp)
+    if errors:
+        raise GridError("invalid experiment config:\n  " + "\n  ".join(errors))
+    fill_defaults(exp)
+    from aggbench.aggregation import load_plugins, make_instance
+    from aggbench.data import list_benchmarks, load_benchmark_spec, load_training_spec
+
+    problems: list[str] = []
+    try:
+        load_plugins(exp["plugins"], search_paths=[Path.cwd(), REPO_ROOT])
+    except Exception as exc:
+        problems.append(f"plugins: {exc}")
+    names = [a["name"] for a in exp["aggregations"]]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        problems.append(f"aggregations: duplicate instance name(s) {dupes}")
+    for i, agg in enumerate(exp["aggregations"]):
+        try:
+            make_instance(agg["name"], agg.get("rule"), agg.get("params") or None)
+        except Exception as exc:
+            problems.append(f"aggregations[{i}] ({agg['name']}): {exc}")
+    for b in exp["benchmarks"]:
+        try:
+            load_benchmark_spec(b)
+        except Exception as exc:
+            problems.append(f"benchmarks: {b!r}: {exc} (known: {', '.join(list_benchmarks())})")
+    for name, ds in exp["datasets"].items():
+        try:
+            load_training_spec(ds["spec"])
+        except Exception as exc:
+            problems.append(f"datasets.{name}.spec: {exc}")
+    for name, m in exp["models"].items():
+        if m.get("path") and not Path(m["source"]).is_dir():
+            problems.append(f"models.{name}.source: local model directory {m['source']!r} does not exist")
+    if not problems:
+        cfg = None
+        try:
+            cfg = cell_train_config(exp, cells(exp)[0].id)
+        except Exception as exc:
+            problems.append(f"training: {exc}")
+        for name, m in exp["models"].items():
+            if cfg is None or not m.get("max_context"):
+                continue
+            mc = cell_train_config(exp, next(c.id for c in cells(exp) if c.model == name))
+            need = mc.sampling.max_prompt_tokens + mc.sampling.max_new_tokens
+            if need > m["max_context"]:
+                problems.append(
+                    f"models.{name}: sampling.max_prompt_tokens + max_new_tokens = {need} exceeds its "
+                    f"max_context {m['max_context']}; lower them in models.{name}.training.sampling"
+                )
+        if cfg is not None:
+            every = cfg.checkpoint.every
+            ev_every = exp["evaluation"].get("every", every)
+            if ev_every % every:
+                problems.append(
+                    f"evaluation.every={ev_every} must be a multiple of training.checkpoint.every={every} "
+                    "(only checkpoints can be evaluated)"
+                )
+    if problems:
+        raise GridError("invalid experiment config:\n  " + "\n  ".join(problems))
+
+
+def cell_id(model: str, dataset: str, aggregation: str, seed: int) -> str:
+    return f"{model}__{dataset}__{aggregation}__s{seed}"
+
+
+def cells(exp: dict) -> list[Cell]:
+    return [
+        Cell(cell_id(m, d, a["name"], s), m, d, a["name"], s)
+        for m, d, a, s in itertools.product(exp["models"], exp["datasets"], exp["aggregations"], exp["seeds"])
+    ]
+
+
+def cell_by_id(exp: dict, cid: str) -> Cell:
+    for c in cells(exp):
+        if c.id == cid:
+            return c
+    raise GridError(f"cell {cid!r} is not in this grid")
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in (over or {}).items():
+        out[k] = (
+            _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+        )
+    return out
+
+
+def results_dir(exp: dict) -> Path:
+    return Path(exp.get("results_dir", "results"))
+
+
+def total_steps(exp: dict, model: str | None = None) -> int:
+    training = _merge(exp["training"], exp["models"][model].get("training", {}) if model else {})
+    return int(training.get("algorithm", {}).get("total_steps", 20))
+
+
+def checkpoint_steps(exp: dict, model: str | None = None) -> list[int]:
+    """Steps at which training segments end: every k steps, and the last step."""
+    training = _merge(exp["training"], exp["models"][model].get("training", {}) if model else {})
+    every = int(training.get("checkpoint", {}).get("every", 5))
+    last = total_steps(exp, model)
+    return sorted(set(range(every, last + 1, every)) | {last})
+
+
+def eval_steps(exp: dict, model: str | None = None) -> list[int]:
+    """Checkpoint steps that are evaluated (step 0, the base model, is evaluated per model)."""
+    steps = checkpoint_steps(exp, model)
+    every = exp["evaluation"].get("every")
+    if not every:
+        return steps
+    return sorted({s for s in steps if s % every == 0} | {steps[-1]})
+
+
+def cell_train_config(exp: dict, cid: str) -> Any:
+    """The validated TrainConfig of one cell (paths under results_dir)."""
+    from aggbench.config import TrainConfig
+    from aggbench.data import load_training_spec
+
+    c = cell_by_id(exp, cid)
+    model = exp["models"][c.model]
+    agg = next(a for a in exp["aggregations"] if a["name"] == c.aggregation)
+    ds_spec = load_training_spec(exp["datasets"][c.dataset]["spec"])
+    root = results_dir(exp)
+    training = _merge(exp["training"], model.get("training", {}))
+    data = {
+        **training,
+        "cell_id": c.id,
+        "seed": c.seed,
+        "model": {
+            "name": c.model,
+            "path": str(root / "models" / c.model),
+            "system_prompt": model.get("system_prompt"),
+            "enable_thinking": model.get("enable_thinking"),
+            "chat_template": model.get("chat_template", True) and ds_spec.use_chat_template,
+        },
+        "dataset": {
+            "name": c.dataset,
+            "path": str(root / "data" / f"{c.dataset}.jsonl"),
+            "grader": ds_spec.grader.name,
+        },
+        "aggregation": {"name": agg["name"], "rule": agg.get("rule"), "params": agg.get("params") or {}},
+        "plugins": list(exp.get("plugins", [])),
+        "tracking": {"tracking_uri": exp.get("tracking_uri"), "experiment": exp["experiment"]},
+    }
+    ckpt = dict(data.get("checkpoint", {}))
+    ckpt.setdefault("eval_steps", eval_steps(exp, c.model))
+    data["checkpoint"] = ckpt
+    try:
+        return TrainConfig.model_validate(data)
+    except Exception as exc:
+        from pydantic import ValidationError
+
+        from aggbench.config import format_validation_error
+
+        if isinstance(exc, ValidationError):
+            raise GridError(format_validation_error(exc, f"training config of cell {cid}")) from None
+        raise
+
+
+def job_counts(exp: dict) -> dict[str, int]:
+    """How many jobs of each kind the grid schedules from scratch."""
+    cs = cells(exp)
+    n_bench = len(exp["benchmarks"])
+    base = len(exp["models"]) if exp["evaluation"].get("base_model", True) else 0
+    train = sum(len(checkpoint_steps(exp, c.model)) for c in cs)
+    gen = sum(len(eval_steps(exp, c.model)) for c in cs)
+    return {
+        "cells": len(cs),
+        "prepare_model": len(exp["models"]),
+        "prepare_data": len(exp["datasets"]),
+        "train": train,
+        "generate": gen,
+        "grade": gen * n_bench,
+        "generate_base": base,
+        "grade_base": base * n_bench,
+    }
