@@ -5,6 +5,9 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 CONSTRAINTS ?= -c .ci/constraints.txt
 EXTRAS ?= dev,eval
+# verl's agg_loss is called directly by tests/aggregation/test_anchors.py; verl 0.9.1 imports on CPU
+# without its GPU extras (--no-deps plus ray, omegaconf, codetiming, tensordict). ANCHORS= skips it.
+ANCHORS ?= 1
 BIN := $(VENV)/bin
 
 .PHONY: install test smoke lint
@@ -16,6 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(if $(TORCH_SPEC),$(BIN)/pip install -q "$(TORCH_SPEC)" $(CONSTRAINTS))
 	$(BIN)/pip install -q -e ".[$(EXTRAS)]" $(CONSTRAINTS)
+	$(if $(ANCHORS),$(BIN)/pip install -q --no-deps "verl==0.9.1" && $(BIN)/pip install -q ray omegaconf codetiming "tensordict>=0.8,<=0.10.0,!=0.9.0" $(CONSTRAINTS))
 	touch $@
 
 # pytest exits 5 when it collected no test: that is a broken suite, not a pass.
