@@ -163,7 +163,16 @@ def _train_locked(cfg: TrainConfig, out: Path, until_step: int | None, quiet: bo
 
     records = load_records(cfg.dataset.path)
     reward_fn = RewardFn(cfg.dataset.grader)
-    engine = make_engine(cfg.rollout.engine, model, tokenizer, batch_size=cfg.rollout.batch_size)
+    engine = make_engine(
+        cfg.rollout.engine,
+        model,
+        tokenizer,
+        batch_size=cfg.rollout.batch_size,
+        model_path=str(model_dir),
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+        seed=cfg.seed,
+    )
     prompt_kw = {
         "system_prompt": cfg.model.system_prompt,
         "enable_thinking": cfg.model.enable_thinking,
@@ -208,6 +217,7 @@ def _train_locked(cfg: TrainConfig, out: Path, until_step: int | None, quiet: bo
             upd = _update(
                 cfg, model, ref_model, optimizer, scheduler, batch, mask, adv, gids, rule, autocast, step
             )
+            engine.sync_weights(model)  # vLLM: push the updated policy; HF shares the weights
             t_upd = time.perf_counter() - t1
             # ---- 4. metrics (source of truth first), rollouts sample, checkpoint, MLflow
             row = _step_metrics(
