@@ -1,0 +1,506 @@
+"""Math answers: extract the final answer from a response and judge it against the gold answer.
+
+One grader serves training rewards and checkpoint evaluation, so the two can never disagree.
+
+Extraction (:func:`extract_answer`), in this order:
+  1. the last ``\\boxed{...}`` / ``\\boxed ...`` / ``\\fbox{...}`` whose braces close;
+  2. else the last DAPO ``Answer: ...`` line (``Answer: $42$``, ``Answer: 42``);
+  3. else Minerva's ``The final answer is ... I hope it is correct.``
+  None when the response has none of them.
+
+Equivalence is math-verify's (``verify(gold, pred)``, gold first; both sides are parsed as
+``\\boxed{<answer>}``), after normalising the quirks of the real benchmark files (see
+/work/shared/data/PROVENANCE.md): OlympiadBench golds wrapped in ``$...$`` (several ``$..$,$..$``
+groups, a trailing period), Minerva golds that are a whole solution with one ``\\boxed{}`` and a
+unit outside it or Python literals (``4.5e33``, ``-1./3``, ``np.arcsin(10/13)``), and ``°``. math-verify itself already handles ``025`` = 25,
+``10,\\!080``, ``\\text{(C)}`` = ``C``, ``^\\circ``, ``\\dfrac``, ``\\text{ cm}`` units and unordered
+lists of answers; the tests pin those behaviours. One deliberate deviation: math-verify calls any
+two numbers below ~5e-7 equal (it compares 6 decimal places), so for golds below 1e-3 a numeric
+prediction must also agree to a relative 1e-3 (Minerva's 7e-19 is not 2.88e-19). On top of
+math-verify: an optional absolute
+numeric ``tolerance`` (OlympiadBench ``error``) and an optional ``unit`` stripped from the end of
+the prediction (OlympiadBench ``unit``, e.g. ``cm^2`` or ``%``, which math-verify does not know).
+
+Safety: only the extracted answer (at most :data:`MAX_ANSWER_CHARS`) ever reaches the parser;
+extraction itself is linear in the response length, so no cap on the response is needed and none
+can change a verdict. math-verify's own SIGALRM timeouts are disabled because they reset any
+other ITIMER_REAL (ours included) and log the whole response on expiry; :func:`grade_math` sets
+its own soft deadline instead, and :func:`grade_math_batch` grades in worker processes that are
+killed on a hard deadline (see :mod:`aggbench.grading.pool`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import sympy
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+if TYPE_CHECKING:
+    from aggbench.grading.pool import GradingPool
+
+__all__ = [
+    "MAX_ANSWER_CHARS",
+    "MathVerdict",
+    "clean_gold",
+    "extract_answer",
+    "grade_math",
+    "grade_math_batch",
+    "grade_math_item",
+    "grading_options",
+]
+
+# math-verify warns once that its timeouts are off (we own them) and, with them on, logs the
+# whole response on a timeout: both are noise for a trainer grading thousands of responses.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+# The longest gold answer in MATH-500, AIME, OlympiadBench and Minerva is ~200 characters; an
+# extracted answer ten times longer than that is never a normal final answer (tests check the
+# margin on the real files), so it is graded wrong without being parsed.
+MAX_ANSWER_CHARS = 2000
+# How many earlier boxes to try when the last one never closes (a response cut off mid-box).
+_MAX_BOX_TRIES = 8
+DEFAULT_SOFT_TIMEOUT_S = 5.0
+
+_PARSE_CONFIG = (LatexExtractionConfig(), ExprExtractionConfig())
+
+
+@dataclass(frozen=True)
+class MathVerdict:
+    """The grade of one response: ``reason`` says which rule decided (stable strings).
+
+    correct: ``exact_match``, ``integer_match``, ``equivalent`` (math-verify), ``within_tolerance``.
+    wrong: ``no_answer``, ``empty_answer``, ``answer_too_long``, ``integer_mismatch``,
+    ``not_equivalent``, ``small_number_mismatch`` (see :func:`_small_numbers_differ`),
+    ``gold_unparseable``, ``timeout``, ``worker_crashed``, ``error: ...``.
+    """
+
+    correct: bool
+    extracted: str | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"correct": self.correct, "extracted": self.extracted, "reason": self.reason}
+
+
+# --------------------------------------------------------------------------- extraction
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+_TOKEN = re.compile(r"[^\s$]+")  # "\boxed 42": the answer is one token
+# Every pattern here is linear in the text: no lazy group followed by an optional run (those are
+# quadratic on a line of spaces), and the span pattern only ever sees a line of bounded length.
+_ANSWER_LINE = re.compile(r"^[ \t>#*_]*(?:final[ \t]+)?answer[ \t]*\**[ \t]*[:：]([^\n]*)", re.I | re.M)
+_MINERVA = re.compile(r"final answer is[ \t:]*([^\n]*)", re.I)
+_MINERVA_END = "i hope it is correct"
+# $$..$$, $..$ (not the escaped dollar of "\$36"), \(..\), \[..\]
+_MATH_SPAN = re.compile(
+    r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S
+)
+
+
+def _balanced(text: str, open_pos: int) -> str | None:
+    """Content of the brace group opening at ``text[open_pos] == '{'``.
+
+    None if it never closes; a string longer than MAX_ANSWER_CHARS (cut there) if it is longer
+    than that, so the scan is bounded.
+    """
+    depth = 0
+    stop = min(len(text), open_pos + MAX_ANSWER_CHARS + 2)
+    for i in range(open_pos, stop):
+        c = text[i]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[open_pos + 1 : i]
+    if stop < len(text):
+        return text[open_pos + 1 : stop]  # too long: the caller grades it wrong unparsed
+    return None
+
+
+def _last_boxed(text: str) -> str | None:
+    """The last ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed 42`` content, or None."""
+    end = len(text)
+    for _ in range(_MAX_BOX_TRIES):
+        start, command = max((text.rfind(c, 0, end), c) for c in _BOX_COMMANDS)
+        if start < 0:
+            return None
+        end = start
+        pos = start + len(command)
+        while pos < len(text) and text[pos] in " \t\n":
+            pos += 1
+        if pos < len(text) and text[pos] == "{":
+            content = _balanced(text, pos)
+            if content is not None:
+                return content.strip()
+            continue  # cut off mid-box: the previous box may be complete
+        if pos > start + len(command):  # "\boxed 42": one token
+            m = _TOKEN.match(text, pos, pos + MAX_ANSWER_CHARS + 1)
+            if m:
+                return m.group(0).rstrip(".,;")
+        # "\boxedfoo" is another command: keep looking
+    return None
+
+
+def _unwrap_math(s: str) -> str:
+    """``$a$, $b$`` -> ``a, b``; text without math delimiters is returned stripped.
+
+    A line longer than 2 x MAX_ANSWER_CHARS is not searched (the span pattern is quadratic on
+    ``\\(`` spam) but cut to MAX_ANSWER_CHARS + 1 characters, which grades as too long.
+    """
+    s = s.strip()
+    if len(s) > 2 * MAX_ANSWER_CHARS:
+        return s[: MAX_ANSWER_CHARS + 1]
+    spans = [next(g for g in m.groups() if g is not None).strip() for m in _MATH_SPAN.finditer(s)]
+    s = ", ".join(spans) if spans else s
+    return s.rstrip(". ").strip() if not s.endswith("..") else s
+
+
+def _minerva(text: str) -> str | None:
+    """Minerva's ``The final answer is $X$. I hope it is correct.`` (the last one), or None."""
+    last = None
+    for last in _MINERVA.finditer(text):  # noqa: B007 - we want the last match
+        pass
+    if last is None:
+        return None
+    answer = last.group(1)
+    end = answer.lower().find(_MINERVA_END)
+    if end >= 0:
+        answer = answer[:end]
+    return _unwrap_math(answer) or None
+
+
+def extract_answer(response: str) -> str | None:
+    """The final answer written in ``response`` (see the module docstring), or None."""
+    if not isinstance(response, str):
+        raise TypeError(f"response must be a str, got {type(response).__name__}")
+    boxed = _last_boxed(response)
+    if boxed is not None:
+        return boxed
+    last = None
+    for last in _ANSWER_LINE.finditer(response):  # noqa: B007 - we want the last match
+        pass
+    if last is not None:
+        line = last.group(1).strip().strip("*").strip()  # "**Answer:** 17" leaves "** 17"
+        if "final answer is" in line.lower():
+            return _minerva(line)
+        answer = _unwrap_math(line)
+        if answer:
+            return answer
+    return _minerva(response)
+
+
+# --------------------------------------------------------------------------- normalisation
+
+_E_NOTATION = re.compile(r"(?<![\w.])(-?\d+(?:\.\d*)?)[eE]([+-]?\d+)(?![\w.])")
+_INTEGER = re.compile(r"-?\d{1,1000}")  # Python refuses int() of more than 4300 digits
+_HAS_ALNUM = re.compile(r"[0-9A-Za-z]")
+_COMMAND = re.compile(r"\\[A-Za-z]+")
+_BARE_POINT = re.compile(r"(?<=\d)\.(?=\s*(?:[/*)\]},]|$))")
+_NUMPY = re.compile(r"\bnp\.(arcsin|arccos|arctan|sin|cos|tan|sqrt|exp|log|pi)\b")
+_DOLLAR = re.compile(r"(?<!\\)\$")
+
+
+def _common(s: str) -> str:
+    """Normalisations applied to both sides (each makes math-verify parse what it otherwise misreads)."""
+    s = s.strip()
+    s = s.replace("°", "^{\\circ}")  # math-verify reads "30°" as a string, "30^{\circ}" as 30
+    s = _E_NOTATION.sub(r"\1\\times 10^{\2}", s)  # Minerva golds: "4.5e33" (else e is a symbol)
+    s = _BARE_POINT.sub("", s)  # Minerva golds: "-1./3" (unparseable) -> "-1/3"
+    s = _NUMPY.sub(r"\\\1", s)  # Minerva gold: "np.arcsin(10/13)" -> "\arcsin(10/13)"
+    return s
+
+
+def clean_gold(gold: str) -> str:
+    """A gold string as stored in the benchmark files -> the bare answer.
+
+    A string with a ``\\boxed{}`` (Minerva: the whole solution) gives that box's content, so a unit
+    written after the box is dropped. A gold that starts with ``$`` loses its ``$`` signs
+    (OlympiadBench ``'$69$,$84$'`` -> ``69,84``) and a trailing period (``'$(-\\infty, 0)$.'``).
+    An escaped ``\\$`` (MATH-500 ``'\\$18.90'``) stays; math-verify reads it as a currency sign.
+    """
+    if not isinstance(gold, str):
+        gold = str(gold)  # ints (the AReaL copy of AIME 2025)
+    if any(c in gold for c in _BOX_COMMANDS):
+        boxed = _last_boxed(gold)
+        if boxed is not None:
+            gold = boxed
+    gold = gold.strip()
+    if gold.startswith("$"):
+        # Remove every unescaped $ rather than pairing them: one OlympiadBench gold is '$221,$8$'.
+        gold = _DOLLAR.sub("", gold).strip()
+        if gold.endswith(".") and not gold.endswith(".."):
+            gold = gold[:-1]
+    return _common(gold)
+
+
+def _strip_unit(pred: str, unit: str | None) -> str:
+    """Remove ``unit`` (OlympiadBench: ``km``, ``$cm^2$``, ``%``, ``^{\\circ}``) from the end of pred."""
+    if not unit:
+        return pred
+    u = unit.strip().strip("$").strip()
+    if not u:
+        return pred
+    forms = [re.escape(u)]
+    if u == "%":
+        forms.append(r"\\%")
+    if u.startswith("^"):  # ^{\circ} == ^\circ
+        forms.append(re.escape(u.replace("{", "").replace("}", "")))
+    body = "|".join(forms)
+    pattern = rf"(?:\\[,;:! ]|~|\s)*(?:(?:\\(?:text|mathrm|mbox|operatorname)\s*\{{\s*~?\s*(?:{body})\s*\}})|(?:{body}))\s*$"
+    stripped = re.sub(pattern, "", pred).strip()
+    return stripped or pred
+
+
+@functools.lru_cache(maxsize=16384)
+def _parse(answer: str) -> tuple:
+    """math-verify's parse of one extracted answer, cached: golds repeat across the G responses of
+    a prompt, and so do the answers of those responses. Parsed values are immutable sympy
+    objects and strings, so sharing them is safe."""
+    # first_match: the answer is already extracted, so do not dig a number out of an unparseable box
+    return tuple(
+        parse(
+            "\\boxed{" + answer + "}",
+            extraction_config=_PARSE_CONFIG,
+            extraction_mode="first_match",
+            parsing_timeout=None,
+        )
+    )
+
+
+def _as_float(values: Sequence[Any]) -> float | None:
+    for v in values:
+        if isinstance(v, sympy.Basic) and getattr(v, "is_number", False):
+            try:
+                x = complex(v.evalf())
+            except (TypeError, ValueError):
+                continue
+            if x.imag == 0 and x.real == x.real and abs(x.real) != float("inf"):
+                return x.real
+    return None
+
+
+@functools.lru_cache(maxsize=16384)
+def _gold_value(gold: str) -> float | None:
+    return _as_float(_parse(gold))
+
+
+def _small_numbers_differ(gold: str, pred_parsed: Sequence[Any]) -> bool:
+    """A veto on math-verify's "equal" for numbers below 1e-3 (the one rule that makes us stricter).
+
+    math-verify compares numbers to 6 decimal places (and chops differences below ~1e-15), so
+    every number under 5e-7 "equals" every other: 7e-19 == 2.88e-19. Minerva has 20 golds under
+    1e-3 (physics constants). For those, when the prediction is a number too, we keep
+    math-verify's "equal" only if the two agree to a relative 1e-3: the precision math-verify's
+    6 places give at 1e-3, carried down to smaller scales (so the rule is continuous at 1e-3 and
+    never stricter than math-verify is at that size).
+    """
+    g = _gold_value(gold)
+    if g is None or g == 0 or abs(g) >= 1e-3:
+        return False
+    p = _as_float(pred_parsed)
+    return p is not None and abs(p - g) > 1e-3 * abs(g)
+
+
+def _compare(pred: str, gold: str, tolerance: float | None) -> MathVerdict:
+    # Shortcut 1: identical strings. It cannot change a verdict: identical strings parse to
+    # identical results, and math-verify also compares its fallback strings (the normalised
+    # LaTeX), which are then equal, so verify() says True. The fallback is empty only for a
+    # string its normalisation erases ("$", "\\!"), hence the letter-or-digit condition.
+    if pred == gold and _HAS_ALNUM.search(_COMMAND.sub("", pred)):
+        return MathVerdict(True, pred, "exact_match")
+    # Shortcut 2: two plain integers. math-verify parses "025" and "25" to Integer(25) and
+    # compares Integers exactly, so comparing int() values gives its verdict in both directions
+    # (tests check this against math-verify on a sample of pairs).
+    if _INTEGER.fullmatch(pred) and _INTEGER.fullmatch(gold):
+        same = int(pred) == int(gold)
+        return MathVerdict(same, pred, "integer_match" if same else "integer_mismatch")
+    gold_parsed = _parse(gold)
+    if not gold_parsed:
+        return MathVerdict(False, pred, "gold_unparseable")
+    pred_parsed = _parse(pred)
+    equal = verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None)
+    vetoed = equal and _small_numbers_differ(gold, pred_parsed)
+    if equal and not vetoed:
+        return MathVerdict(True, pred, "equivalent")
+    if tolerance is not None:
+        g, p = _as_float(gold_parsed), _as_float(pred_parsed)
+        if g is not None and p is not None and abs(g - p) <= tolerance * (1 + 1e-9):
+            return MathVerdict(True, pred, "within_tolerance")
+    return MathVerdict(False, pred, "small_number_mismatch" if vetoed else "not_equivalent")
+
+
+class GradingTimeout(BaseException):
+    """Raised by the soft deadline. A BaseException so that math-verify's and sympy's
+    ``except Exception`` blocks do not swallow it."""
+
+
+@contextmanager
+def _soft_deadline(seconds: float | None) -> Iterator[None]:
+    """Raise GradingTimeout after ``seconds`` (ITIMER_REAL; main thread only, else no deadline).
+
+    It interrupts Python code only: one long C call (a huge integer power) runs on, which is why
+    :func:`grade_math_batch` adds a hard deadline by killing the worker process.
+    """
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise GradingTimeout
+
+    old_handler = signal.signal(signal.SIGALRM, _raise)
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        if old_delay:  # give back a timer someone else had set, minus the time we used
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, old_delay - (time.monotonic() - t0)), old_interval)
+
+
+def _tolerance(value: Any) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        tol = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"tolerance must be a number (e.g. OlympiadBench error '1e-1'), got {value!r}"
+        ) from None
+    if not tol >= 0:
+        raise ValueError(f"tolerance must be >= 0, got {value!r}")
+    return tol
+
+
+def grade_math(
+    response: str,
+    gold: str | Sequence[str],
+    *,
+    tolerance: float | str | None = None,
+    unit: str | None = None,
+    timeout_s: float | None = DEFAULT_SOFT_TIMEOUT_S,
+) -> MathVerdict:
+    """Grade one response against the gold answer, in this process.
+
+    Args:
+        response: the model's whole response.
+        gold: the reference answer as stored in the benchmark (``"025"``, ``"$\\frac{1}{2}$."``,
+            a Minerva solution with its one ``\\boxed{}``), or a list of acceptable answers
+            (correct if any matches; OlympiadBench ``final_answer`` is such a list of one).
+        tolerance: absolute numeric tolerance (OlympiadBench ``error``), on top of math-verify.
+        unit: a unit the prediction may carry after the number (OlympiadBench ``unit``).
+        timeout_s: soft deadline (main thread only); past it the verdict is ``timeout``.
+            Use :func:`grade_math_batch` for a deadline that also stops C code.
+    """
+    tol = _tolerance(tolerance)
+    golds = [gold] if isinstance(gold, str) or not isinstance(gold, Sequence) else list(gold)
+    if not golds:
+        raise ValueError("gold is an empty list; give at least one reference answer")
+    extracted = extract_answer(response)
+    if extracted is None:
+        return MathVerdict(False, None, "no_answer")
+    if not extracted.strip():
+        return MathVerdict(False, extracted, "empty_answer")
+    if len(extracted) > MAX_ANSWER_CHARS:
+        return MathVerdict(False, extracted[:200] + "...", "answer_too_long")
+    pred = _strip_unit(_common(extracted), unit)
+    try:
+        with _soft_deadline(timeout_s):
+            verdicts = []
+            for g in golds:
+                verdict = _compare(pred, clean_gold(g), tol)
+                if verdict.correct:
+                    return MathVerdict(True, extracted, verdict.reason)
+                verdicts.append(verdict)
+    except GradingTimeout:
+        return MathVerdict(False, extracted, "timeout")
+    return MathVerdict(False, extracted, verdicts[0].reason)
+
+
+def grading_options(grading: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A benchmark record's ``grading`` dict (OlympiadBench ``error``, ``unit``) -> grade_math kwargs."""
+    if not grading:
+        return {}
+    out: dict[str, Any] = {}
+    tol = grading.get("tolerance", grading.get("error"))
+    if tol is not None:
+        out["tolerance"] = _tolerance(tol)
+    if grading.get("unit"):
+        out["unit"] = str(grading["unit"])
+    return out
+
+
+def grade_math_item(item: tuple) -> MathVerdict:
+    """Pool entry point: ``(response, gold, tolerance, unit, soft_timeout_s)`` -> verdict."""
+    response, gold, tolerance, unit, soft_timeout_s = item
+    return grade_math(response, gold, tolerance=tolerance, unit=unit, timeout_s=soft_timeout_s)
+
+
+def _failure(reason: str) -> MathVerdict:
+    return MathVerdict(False, None, reason)
+
+
+def grade_math_batch(
+    responses: Sequence[str],
+    golds: Sequence[str | Sequence[str]],
+    *,
+    workers: int | None = None,
+    timeout_s: float = 10.0,
+    pool: GradingPool | None = None,
+    tolerances: Sequence[float | None] | None = None,
+    units: Sequence[str | None] | None = None,
+    soft_timeout_s: float | None = None,
+    progress: Callable[[int], Any] | None = None,
+) -> list[MathVerdict]:
+    """Grade many responses in worker processes with a hard per-response deadline.
+
+    Pass a long-lived ``pool`` (a :class:`~aggbench.grading.pool.GradingPool`) when grading
+    repeatedly (training rewards): starting workers costs ~1 s, a warm pool grades 64 short
+    responses in well under a second. Without one, a pool of ``workers`` is started and closed
+    here. ``timeout_s`` is the hard deadline when the pool is made here; a given pool keeps its
+    own. A response past the deadline, or whose worker crashes, is graded wrong with reason
+    ``timeout`` / ``worker_crashed``. Inside the worker a soft deadline (``soft_timeout_s``,
+    default 0.8 x the hard one; 0 turns it off) stops slow Python code without losing the worker;
+    the hard deadline is for C code that signals cannot interrupt. ``progress(k)`` is called as
+    ``k`` more responses are graded (a progress bar's ``update``).
+    """
+    n = len(responses)
+    for name, seq in (("golds", golds), ("tolerances", tolerances), ("units", units)):
+        if seq is not None and len(seq) != n:
+            raise ValueError(f"{name} has {len(seq)} entries for {n} responses")
+    if n == 0:
+        return []
+    from aggbench.grading.pool import GradingPool
+
+    own = pool is None
+    if pool is None:
+        pool = GradingPool(workers=workers, timeout_s=timeout_s)
+    soft = 0.8 * pool.timeout_s if soft_timeout_s is None else soft_timeout_s
+    items = [
+        (
+            responses[i],
+            golds[i] if isinstance(golds[i], str) else list(golds[i]),
+            None if tolerances is None else _tolerance(tolerances[i]),
+            None if units is None else units[i],
+            soft,
+        )
+        for i in range(n)
+    ]
+    try:
+        return pool.map(grade_math_item, items, failure=_failure, progress=progress)
+    finally:
+        if own:
+            pool.close()
