@@ -1,0 +1,327 @@
+"""``aggbench generate`` / ``score`` / ``evaluate``: the command lines of :mod:`aggbench.evaluate`.
+
+Thin on purpose: options are parsed here, the work is in :mod:`aggbench.evaluate` (importing this
+module imports neither torch nor mlflow).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+class _ClickHandler(logging.Handler):
+    """Log records to the current stderr through click (works under CliRunner too)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(self.format(record), err=True)
+
+
+def _setup_logging(quiet: bool) -> None:
+    logger = logging.getLogger("aggbench")
+    if not any(isinstance(h, _ClickHandler) for h in logger.handlers):
+        handler = _ClickHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    if quiet:
+        import os
+
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        try:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except ImportError:
+            pass
+
+
+def _split(value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise click.BadParameter("give at least one benchmark name, e.g. math500,aime24")
+    return names
+
+
+def click_errors(fn):
+    """Turn bad input (our EvaluationError, the loaders' spec/data errors) into a clean click error."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from aggbench.data.jsonl import DataError
+        from aggbench.data.sources import DataUnavailableError, SpecError
+        from aggbench.evaluate import EvaluationError
+
+        try:
+            return fn(*args, **kwargs)
+        except (EvaluationError, DataError, DataUnavailableError, SpecError) as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper
+
+
+def generation_options(fn):
+    """The options shared by ``generate`` and ``evaluate``."""
+    options = [
+        click.option(
+            "--checkpoint",
+            type=click.Path(exists=True, file_okay=False, path_type=Path),
+            required=True,
+            help="Model directory (save_pretrained); step 0 = the base model.",
+        ),
+        click.option(
+            "--benchmarks",
+            required=True,
+            callback=lambda c, p, v: _split(v),
+            help="Comma-separated benchmark names or YAML paths (configs/benchmarks).",
+        ),
+        click.option(
+            "--engine",
+            type=click.Choice(["hf", "vllm"]),
+            default="hf",
+            show_default=True,
+            help="hf: transformers generate (CPU/GPU); vllm: needs the `gpu` extra.",
+        ),
+        click.option("--limit", type=click.IntRange(min=1), default=None, help="First N problems only."),
+        click.option(
+            "--n", "n", type=click.IntRange(min=1), default=None, help="Samples per problem [YAML]."
+        ),
+        click.option(
+            "--temperature",
+            type=click.FloatRange(min=0),
+            default=None,
+            help="Sampling temperature [YAML]; 0 = greedy.",
+        ),
+        click.option(
+            "--top-p",
+            type=click.FloatRange(min=0, max=1, min_open=True),
+            default=None,
+            help="Nucleus sampling [YAML].",
+        ),
+        click.option(
+            "--max-tokens",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Max new tokens per response [YAML].",
+        ),
+        click.option("--seed", type=int, default=0, show_default=True, help="Base sampling seed."),
+        click.option("--system-prompt", default=None, help="System message [YAML's system_prompt]."),
+        click.option(
+            "--enable-thinking/--no-enable-thinking",
+            default=None,
+            help="Qwen3 thinking switch passed to the chat template [template default].",
+        ),
+        click.option(
+            "--chat-template/--no-chat-template",
+            default=None,
+            help="Format prompts with the tokenizer's chat template [YAML's use_chat_template].",
+        ),
+        click.option(
+            "--batch-size",
+            type=click.IntRange(min=1),
+            default=64,
+            show_default=True,
+            help="Sequences per generate call (hf).",
+        ),
+        click.option("--device", default=None, help="cuda / cpu [cuda when available]."),
+        click.option(
+            "--dtype",
+            type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+            default="auto",
+            show_default=True,
+            help="auto: bfloat16 on GPU, float32 on CPU.",
+        ),
+        click.option(
+            "--data-dir",
+            type=click.Path(file_okay=False),
+            default=None,
+            help="Offline benchmark files [$AGGBENCH_DATA_DIR].",
+        ),
+        click.option("--quiet", is_flag=True, help="No progress bars or status lines."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _options(kw: dict[str, Any]):
+    from aggbench.evaluate import GenerateOptions
+
+    return GenerateOptions(
+        engine=kw["engine"],
+        limit=kw["limit"],
+        n=kw["n"],
+        temperature=kw["temperature"],
+        top_p=kw["top_p"],
+        max_tokens=kw["max_tokens"],
+        seed=kw["seed"],
+        system_prompt=kw["system_prompt"],
+        enable_thinking=kw["enable_thinking"],
+        chat_template=kw["chat_template"],
+        batch_size=kw["batch_size"],
+        device=kw["device"],
+        dtype=kw["dtype"],
+        data_dir=kw["data_dir"],
+        progress=not kw["quiet"],
+    )
+
+
+@click.command(name="generate")
+@generation_options
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Writes OUT/{benchmark}.jsonl and OUT/generation.json.",
+)
+@click_errors
+def generate_command(checkpoint: Path, benchmarks: list[str], out: Path, **kw: Any) -> None:
+    """Sample a checkpoint on benchmarks (the model is loaded once for all of them)."""
+    from aggbench.evaluate import generate_benchmarks
+
+    _setup_logging(kw["quiet"])
+    info = generate_benchmarks(checkpoint, benchmarks, out, _options(kw))
+    if not kw["quiet"]:
+        for name, b in info["benchmarks"].items():
+            click.echo(
+                f"{name}: {b['n_problems']} problems x {b['n_samples']} -> {out / b['file']}", err=True
+            )
+
+
+@click.command(name="score")
+@click.option("--benchmark", required=True, help="Benchmark name or YAML path (its grader is used).")
+@click.option(
+    "--samples",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="The samples JSONL written by `aggbench generate`.",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Graded samples JSONL; the metrics go next to it as NAME.metrics.json.",
+)
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=None, help="Grading processes [usable CPUs, at most 8]."
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="math: hard deadline per response [10 s]; code: per-test timeout [6 s].",
+)
+@click.option("--quiet", is_flag=True, help="No progress bar or summary line.")
+@click_errors
+def score_command(
+    benchmark: str, samples: Path, out: Path, workers: int | None, timeout_s: float | None, quiet: bool
+) -> None:
+    """Grade one benchmark's samples and compute its metrics."""
+    from aggbench.evaluate import metrics_path, score_benchmark
+
+    _setup_logging(quiet)
+    metrics = score_benchmark(
+        benchmark, samples, out, workers=workers, timeout_s=timeout_s, progress=not quiet
+    )
+    if not quiet:
+        click.echo(_summary_line(metrics) + f" -> {metrics_path(out)}", err=True)
+
+
+def _summary_line(m: dict[str, Any]) -> str:
+    n = m["n_samples"]
+    text = f"{m['benchmark']}: avg@{n} {m[f'avg@{n}']:.4f} [{m['ci_low']:.4f}, {m['ci_high']:.4f}]"
+    text += f", pass@1 {m['pass@1']:.4f}, pass@{n} {m[f'pass@{n}']:.4f}"
+    if f"maj@{n}" in m:
+        text += f", maj@{n} {m[f'maj@{n}']:.4f}"
+    text += f" ({m['n_problems']} problems)"
+    return text + (" [public tests only]" if m.get("public_tests_only") else "")
+
+
+@click.command(name="evaluate")
+@generation_options
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Graded samples, metrics and evaluation.json (e.g. results/runs/CELL/eval/step_N).",
+)
+@click.option(
+    "--samples-out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the raw samples go [OUT/samples].",
+)
+@click.option(
+    "--step",
+    type=click.IntRange(min=0),
+    required=True,
+    help="Training step of the checkpoint (0 = the base model).",
+)
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The cell's run directory [RUN for a checkpoint RUN/checkpoints/step_N].",
+)
+@click.option("--cell-id", default=None, help="The cell's id [the run directory's name].")
+@click.option(
+    "--tracking-uri",
+    default=None,
+    help="MLflow tracking URI [$MLFLOW_TRACKING_URI, else sqlite under results/].",
+)
+@click.option("--experiment", default="aggbench", show_default=True, help="MLflow experiment.")
+@click.option("--tracking/--no-tracking", default=True, show_default=True, help="Log to MLflow.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Grading processes.")
+@click_errors
+def evaluate_command(
+    checkpoint: Path,
+    benchmarks: list[str],
+    out: Path,
+    samples_out: Path | None,
+    step: int,
+    run_dir: Path | None,
+    cell_id: str | None,
+    tracking_uri: str | None,
+    experiment: str,
+    tracking: bool,
+    workers: int | None,
+    **kw: Any,
+) -> None:
+    """generate + score + log to MLflow, for one checkpoint."""
+    from aggbench.evaluate import EvaluationError, evaluate_checkpoint, infer_run_dir
+
+    _setup_logging(kw["quiet"])
+    inferred = infer_run_dir(checkpoint)
+    if inferred is not None and inferred[1] != step:
+        raise EvaluationError(f"--step {step} but the checkpoint is {checkpoint} (step {inferred[1]})")
+    if run_dir is None and inferred is not None:
+        run_dir = inferred[0]
+    result = evaluate_checkpoint(
+        checkpoint,
+        benchmarks,
+        out,
+        step,
+        options=_options(kw),
+        samples_dir=samples_out,
+        workers=workers,
+        run_dir=run_dir,
+        cell_id=cell_id,
+        tracking_uri=tracking_uri,
+        experiment=experiment,
+        track=tracking,
+    )
+    if not kw["quiet"]:
+        for metrics in result["metrics"].values():
+            click.echo(_summary_line(metrics), err=True)
+        if "mlflow" in result:
+            ml = result["mlflow"]
+            click.echo(
+                f"MLflow run {ml['run_id']} ({ml['cell_id']}) step {step}: logged {len(ml['logged'])} "
+                f"metrics, {len(ml['skipped'])} already there",
+                err=True,
+            )

@@ -1,0 +1,311 @@
+"""Scoring one benchmark's samples: grade every sample with the benchmark's grader, then metrics.
+
+Split from ``aggbench.evaluate`` (generation) so each module is one idea; ``aggbench score`` and
+``aggbench evaluate`` both come here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+_NOT_JUDGED = ("timeout", "worker_crashed", "error")
+_CODE_SLACK_S = 10.0  # hard deadline of a code sample beyond its tests' own timeouts
+_CHUNK = 256  # samples per grading call, so the progress bar moves
+
+
+class EvaluationError(ValueError):
+    """Bad input to the evaluator: the message names the file, line and field, and the fix."""
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    return write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    return write_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path: str | Path, *, required: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Rows of a JSONL file; each must be an object holding ``required`` (errors name file:line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise EvaluationError(f"{path}: no such file")
+    rows = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise EvaluationError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise EvaluationError(f"{path}:{lineno}: expected a JSON object")
+            for key in required:
+                if key not in row:
+                    raise EvaluationError(f"{path}:{lineno}: field {key!r} is missing")
+            rows.append(row)
+    if not rows:
+        raise EvaluationError(f"{path}: no samples in the file")
+    return rows
+
+
+# --------------------------------------------------------------------------- generation
+
+
+def grade_rows(
+    grader: str,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    workers: int | None = None,
+    timeout_s: float | None = None,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """One verdict dict per row: ``correct``, ``extracted``, ``reason`` (+ code: ``n_tests``,
+    ``test_results``, ``error_kind``, ``layers``). math: math-verify in worker processes with a
+    hard deadline; code: the sandbox, from worker processes; tiny: exact match of the last box."""
+    from tqdm.auto import tqdm
+
+    if grader == "tiny":
+        return [_grade_tiny(r["response"], str(r["answer"])) for r in rows]
+    from aggbench.grading.pool import GradingPool
+
+    if grader == "math":
+        pool = GradingPool(workers=workers, timeout_s=timeout_s or 10.0)
+    elif grader == "code":
+        per_test = timeout_s or 6.0
+        pool = GradingPool(workers=workers, timeout_s=per_test + _CODE_SLACK_S, preload=())
+    else:
+        raise EvaluationError(f"unknown grader {grader!r}; valid: math, code, tiny")
+    out: list[dict[str, Any]] = []
+    show = progress and sys.stderr.isatty()
+    with pool, tqdm(total=len(rows), desc=f"grade {grader}", unit="sample", disable=not show) as bar:
+        for start in range(0, len(rows), _CHUNK):
+            batch = rows[start : start + _CHUNK]
+            if grader == "math":
+                out.extend(_grade_math(batch, pool))
+            else:
+                out.extend(_grade_code(batch, pool, per_test))
+            bar.update(len(batch))
+    return out
+
+
+def _grade_tiny(response: str, answer: str) -> dict[str, Any]:
+    from aggbench.tiny_task import extract_boxed, task_reward
+
+    extracted = extract_boxed(response)
+    correct = task_reward(response, answer) > 0
+    reason = "exact_match" if correct else ("no_answer" if extracted is None else "mismatch")
+    return {"correct": correct, "extracted": extracted, "reason": reason}
+
+
+def _grade_math(rows: Sequence[Mapping[str, Any]], pool: Any) -> list[dict[str, Any]]:
+    from aggbench.grading.math import grade_math_batch, grading_options
+
+    options = [grading_options(r.get("grading")) for r in rows]
+    golds = [
+        [str(a) for a in r["answer"]] if isinstance(r["answer"], list) else str(r["answer"]) for r in rows
+    ]
+    verdicts = grade_math_batch(
+        [r["response"] for r in rows],
+        golds,
+        pool=pool,
+        tolerances=[o.get("tolerance") for o in options],
+        units=[o.get("unit") for o in options],
+    )
+    return [v.to_dict() for v in verdicts]
+
+
+def _grade_code(rows: Sequence[Mapping[str, Any]], pool: Any, per_test: float) -> list[dict[str, Any]]:
+    items = [
+        {
+            "response": r["response"],
+            "tests": r["tests"],
+            "func_name": r.get("func_name"),
+            "starter_code": r.get("starter_code"),
+            "timeout_s": per_test,
+        }
+        for r in rows
+    ]
+    deadlines = [per_test * (len(r["tests"]) + 1) + _CODE_SLACK_S for r in rows]
+    results = pool.map("aggbench.grading.code:grade_code_item", items, timeouts=deadlines)
+    out = []
+    for res in results:
+        tests = res.get("tests") or []
+        failed = next((t for t in tests if not t.get("passed")), None)
+        kind = failed["error_kind"] if failed else None
+        if not res.get("correct") and kind is None:  # no code, or the pool's own failure
+            kind = str(res.get("reason", "")).split(":", 1)[0] or "error"
+        out.append(
+            {
+                "correct": bool(res.get("correct")),
+                "extracted": res.get("extracted"),
+                "reason": str(res.get("reason", "")),
+                "n_tests": res.get("n_tests"),
+                "test_results": tests,
+                "error_kind": kind,
+                "layers": res.get("layers", {}),
+            }
+        )
+    return out
+
+
+_METRIC = re.compile(r"^(avg|pass|maj)@([1-9][0-9]*)$")
+
+
+def metric_names(grader: str, n: int, spec_metrics: Sequence[str] = ()) -> list[str]:
+    """avg@n, pass@1, pass@n, maj@n (not for code), plus the spec's metrics whose k fits in n."""
+    names = [f"avg@{n}", "pass@1", f"pass@{n}"] + ([f"maj@{n}"] if grader != "code" else [])
+    for m in spec_metrics:
+        match = _METRIC.match(m)
+        if match and int(match.group(2)) <= n and not (grader == "code" and match.group(1) == "maj"):
+            names.append(m)
+    return list(dict.fromkeys(names))
+
+
+def compute_metrics(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    grader: str,
+    spec_metrics: Sequence[str] = (),
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Metrics of one benchmark's graded samples (``id``, ``sample``, ``correct``, ``extracted``).
+
+    avg@k uses each problem's first k samples; pass@k is the unbiased estimator over all n;
+    maj@k votes among the first k raw extracted answers (ties: the first to appear; answers are
+    compared as written, so ``0.5`` and ``1/2`` do not pool) and takes the verdict of that answer's
+    first sample that the grader actually judged (not a timeout or a crash). ``n_samples`` is the
+    number of samples per problem; ``ci_low``/``ci_high`` bound avg@n (bootstrap over problems).
+    """
+    import numpy as np
+
+    from aggbench.metrics import bootstrap_ci, summarize
+
+    problems: dict[Any, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        problems.setdefault(r["id"], []).append(r)
+    ordered = [sorted(v, key=lambda r: r.get("sample", 0)) for v in problems.values()]
+    n = min(len(v) for v in ordered)
+    names = metric_names(grader, n, spec_metrics)
+    flat = [r for v in ordered for r in v]
+    out = summarize(flat, metrics=[m for m in names if not m.startswith("maj@")], n_boot=n_boot, seed=seed)
+    for m in (m for m in names if m.startswith("maj@")):
+        k = int(m.split("@")[1])
+        scores = np.array([_majority_correct(v[:k]) for v in ordered])
+        out[m] = float(scores.mean())
+        out[f"{m}_ci"] = list(bootstrap_ci(scores, n_boot=n_boot, seed=seed))
+    lengths = [r["length"] for r in flat if isinstance(r.get("length"), int)]
+    reasons = [r["finish_reason"] for r in flat if r.get("finish_reason") is not None]
+    out.update(
+        {
+            "metrics": names,
+            "n_responses": len(flat),
+            "n_correct": int(sum(bool(r["correct"]) for r in flat)),
+            "ci_low": out[f"avg@{n}_ci"][0],
+            "ci_high": out[f"avg@{n}_ci"][1],
+            "mean_length": float(np.mean(lengths)) if lengths else None,
+            "truncation_rate": float(np.mean([x == "length" for x in reasons])) if reasons else None,
+        }
+    )
+    return out
+
+
+def _majority_correct(samples: Sequence[Mapping[str, Any]]) -> float:
+    from aggbench.metrics import majority_answer
+
+    winner = majority_answer([s.get("extracted") for s in samples])
+    if winner is None:
+        return 0.0
+    same = [s for s in samples if s.get("extracted") == winner]
+    judged = [s for s in same if not str(s.get("reason", "")).startswith(_NOT_JUDGED)]
+    return float(bool((judged or same)[0]["correct"]))
+
+
+def score_benchmark(
+    benchmark: str,
+    samples_path: str | Path,
+    out_path: str | Path,
+    *,
+    workers: int | None = None,
+    timeout_s: float | None = None,
+    progress: bool = False,
+    n_boot: int = 1000,
+) -> dict[str, Any]:
+    """Grade ``samples_path`` with the benchmark's grader; write the graded samples to ``out_path``
+    and the metrics to ``<out_path minus .jsonl>.metrics.json``; return the metrics."""
+    from aggbench.data.benchmarks import load_benchmark_spec
+
+    spec = load_benchmark_spec(benchmark)
+    grader = spec.grader.name
+    need = ("id", "response", "tests") if grader == "code" else ("id", "response", "answer")
+    rows = read_jsonl(samples_path, required=need)
+    for lineno, r in enumerate(rows, 1):
+        if r.get("benchmark", spec.name) != spec.name:
+            raise EvaluationError(
+                f"{samples_path}: sample {lineno} is from benchmark {r['benchmark']!r}, not {spec.name!r}"
+            )
+        if not isinstance(r["response"], str):
+            raise EvaluationError(f"{samples_path}: sample {lineno}: field 'response' must be a string")
+    t0 = time.perf_counter()
+    verdicts = grade_rows(grader, rows, workers=workers, timeout_s=timeout_s, progress=progress)
+    graded = []
+    for r, v in zip(rows, verdicts, strict=True):
+        base = {k: val for k, val in r.items() if not (grader == "code" and k == "tests")}
+        graded.append({**base, **{k: val for k, val in v.items() if k != "layers"}})
+    try:
+        metrics = compute_metrics(graded, grader=grader, spec_metrics=spec.metrics, n_boot=n_boot)
+    except ValueError as exc:  # e.g. problems with different sample counts
+        raise EvaluationError(f"{samples_path}: {exc}") from exc
+    metrics = {
+        "benchmark": spec.name,
+        "grader": grader,
+        **metrics,
+        "grading_s": round(time.perf_counter() - t0, 3),
+        "samples": str(Path(samples_path).resolve()),
+    }
+    if grader == "code":
+        metrics["public_tests_only"] = any(bool(r.get("public_tests_only")) for r in rows)
+        metrics["notes"] = ["public tests only"] if metrics["public_tests_only"] else []
+        metrics["sandbox_layers"] = next((v["layers"] for v in verdicts if v.get("layers")), {})
+    out_path = Path(out_path)
+    write_jsonl(out_path, graded)
+    write_json(metrics_path(out_path), metrics)
+    return metrics
+
+
+def metrics_path(eval_path: str | Path) -> Path:
+    p = Path(eval_path)
+    return p.with_name((p.name[: -len(".jsonl")] if p.name.endswith(".jsonl") else p.name) + ".metrics.json")
+
+
+# --------------------------------------------------------------------------- MLflow
