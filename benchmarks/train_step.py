@@ -89,7 +89,9 @@ trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=
                       callbacks=[Stamp()])
 trainer.train()
 print(json.dumps([b - a for a, b in zip(stamps, stamps[1:])]))
-""" % {"B": P * G, "G": G, "M": MAX_NEW, "LR": LR}
+"""
+for _key, _value in {"__B__": P * G, "__G__": G, "__M__": MAX_NEW, "__LR__": LR}.items():
+    TRL_SCRIPT = TRL_SCRIPT.replace(_key, repr(_value))
 
 
 def run_trl(model: Path, data: Path, steps: int, workdir: Path) -> list[float]:
