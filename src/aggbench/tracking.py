@@ -1,9 +1,10 @@
 """metrics.jsonl (the source of truth) and its idempotent mirror in MLflow.
 
 Policy (say it once, use it everywhere): a step's metrics reach MLflow only after the checkpoint
-that contains the step has committed, and the sync is idempotent: it asks MLflow for the last step
-of the sentinel metric ``train/step`` and logs only later steps, each step in one ``log_batch``
-call (one database transaction), with the sentinel inside it. A crash at any point therefore
+that contains the step has committed, and the sync is idempotent: it asks MLflow which steps the
+sentinel metric ``train/step`` has and logs only the others, each step in one ``log_batch``
+call (one database transaction), with the sentinel inside it; steps MLflow lacks are
+logged (a gap left by hand-editing the store is filled too). A crash at any point therefore
 leaves MLflow holding each step at most once, and the next sync (on resume, or ``aggbench ingest``)
 fills in what is missing. Readers also go through ``metric_history``, which keeps one value per
 step, so even a store written by something else cannot show a step twice.
@@ -11,12 +12,14 @@ step, so even a store written by something else cannot show a step twice.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +66,9 @@ class MetricsLog:
 
 
 def results_root(run_dir: Path) -> Path:
-    """``results/`` for ``results/runs/<cell>``; otherwise the run directory itself."""
+    """``results/`` for ``results/runs/<cell>`` and ``results/base/<model>``; else the directory itself."""
     run_dir = Path(run_dir).resolve()
-    return run_dir.parent.parent if run_dir.parent.name == "runs" else run_dir
+    return run_dir.parent.parent if run_dir.parent.name in ("runs", "base") else run_dir
 
 
 def resolve_tracking_uri(configured: str | None, run_dir: Path) -> str:
@@ -90,16 +93,43 @@ def _retry(fn, *args, attempts: int = 8, **kwargs):
             delay = min(delay * 2, 3.0)
 
 
+@contextlib.contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def init_store(uri: str) -> Any:
+    """An MlflowClient whose store is created (and, for a new SQLite file, migrated) under a lock.
+
+    MLflow migrates a fresh SQLite database on first use without any lock, and jobs that start
+    together on a new store then fail ("table _alembic_tmp_tags already exists", "duplicate column
+    name"); measured here with 4 processes. The store is cached per process, so taking an
+    exclusive ``flock`` next to the database for the first client is enough.
+    """
+    from mlflow.tracking import MlflowClient
+
+    if not uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=uri)
+    db = Path(uri[len("sqlite:///") :])
+    with _flock(db.with_name(db.name + ".init.lock")):
+        return MlflowClient(tracking_uri=uri)
+
+
 class MlflowRun:
     """One MLflow run per cell: found by the ``aggbench.cell_id`` tag, created once, reused on resume."""
 
     def __init__(self, tracking_uri: str, experiment: str, cell_id: str, run_dir: Path) -> None:
         import mlflow
-        from mlflow.tracking import MlflowClient
 
         self.mlflow = mlflow
         self.uri = tracking_uri
-        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.client = init_store(tracking_uri)
         self.cell_id = cell_id
         self.run_dir = Path(run_dir)
         self.experiment_id = _retry(self._experiment, experiment)
@@ -147,19 +177,22 @@ class MlflowRun:
         for i in range(0, len(items), 100):
             _retry(self.client.log_batch, self.run_id, tags=items[i : i + 100])
 
+    def synced_steps(self) -> set[int]:
+        """Steps whose whole batch reached MLflow (the sentinel is logged in the same transaction)."""
+        return {int(m.step) for m in _retry(self.client.get_metric_history, self.run_id, SENTINEL)}
+
     def last_synced_step(self) -> int:
-        hist = _retry(self.client.get_metric_history, self.run_id, SENTINEL)
-        return max((int(m.step) for m in hist), default=0)
+        return max(self.synced_steps(), default=0)
 
     def sync(self, rows: Iterable[dict[str, Any]], *, upto: int | None = None) -> int:
-        """Log every row with last_synced < step <= upto; return how many steps were logged."""
+        """Log every row with step <= upto that MLflow lacks (a gap is filled too); return the count."""
         from mlflow.entities import Metric
 
-        done = self.last_synced_step()
+        done = self.synced_steps()
         logged = 0
         for row in rows:
             step = int(row["step"])
-            if step <= done or (upto is not None and step > upto):
+            if step in done or (upto is not None and step > upto):
                 continue
             ts = int(row.get("time", time.time()) * 1000)
             metrics = [

@@ -1,0 +1,167 @@
+"""`aggbench ingest`: run files -> MLflow, idempotent; and the check that finds disagreements."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import report_fixtures as rf  # noqa: E402
+
+from aggbench.grid import load_experiment  # noqa: E402
+from aggbench.ingest import base_id, find_runs, init_store, tracking_uri, verify  # noqa: E402
+from aggbench.report_cli import ingest_command, report_command  # noqa: E402
+
+CELLS = [rf.cell_id(r, s) for (r, s) in rf.EVALS]  # the five cells with files
+EVAL_KEYS = [
+    "avg_at_4",
+    "pass_at_1",
+    "pass_at_4",
+    "maj_at_4",
+    "ci_low",
+    "ci_high",
+    "mean_length",
+    "truncation_rate",
+]
+
+
+@pytest.fixture(autouse=True)
+def _default_store(monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+def run_cli(command, *args: str, ok: bool = True):
+    res = CliRunner().invoke(command, [*args], catch_exceptions=False)
+    if ok:
+        assert res.exit_code == 0, res.output
+    return res
+
+
+def store_contents(exp: dict) -> dict[str, dict[str, list[int]]]:
+    """{cell id: {key: every logged step, duplicates included}} for every run in the store."""
+    client = init_store(tracking_uri(exp))
+    runs, dupes = find_runs(client, exp["experiment"])
+    assert not dupes
+    return {cid: rf.raw_counts(client, r.info.run_id, r.data.metrics) for cid, r in runs.items()}
+
+
+def test_ingest_is_idempotent_and_complete(tmp_path):
+    config = rf.make_grid(tmp_path)
+    exp = load_experiment(config)
+    first = run_cli(ingest_command, "--config", str(config), "--quiet")
+    # 4 complete cells x 12 steps + sequence s0's 8 committed steps (rows 9-10 are past its last
+    # checkpoint); 8 eval values per (benchmark, step): 4 cells x 3 steps x 2 + 2 x 2 + base 2 = 30
+    assert "56 new training step(s), 240 new evaluation value(s)" in first.output
+    before = store_contents(exp)
+    assert set(before) == {*CELLS, base_id("tiny")}
+    row_keys = set(rf.metrics_row(0, 1)) - {"step", "time"}
+    token = before[rf.cell_id("token", 0)]
+    for key in row_keys | {"train/step"}:
+        assert token[key] == list(range(1, 13)), key
+    for bench in rf.BENCHES:
+        for k in EVAL_KEYS:
+            assert token[f"eval/{bench}/{k}"] == [4, 8, 12]
+            assert before[base_id("tiny")][f"eval/{bench}/{k}"] == [0]
+    assert before[rf.cell_id("sequence", 0)]["train/step"] == list(range(1, 9))
+
+    again = run_cli(ingest_command, "--config", str(config), "--quiet")
+    assert "0 new training step(s), 0 new evaluation value(s)" in again.output
+    assert store_contents(exp) == before
+    assert [p for p in verify(exp) if p.is_error] == []
+
+    # values round-trip, NaN included
+    client = init_store(tracking_uri(exp))
+    runs, _ = find_runs(client, "synth")
+    rid = runs[rf.cell_id("token", 1)].info.run_id
+    assert {m.step: m.value for m in client.get_metric_history(rid, "eval/math500/avg_at_4")} == {
+        4: 0.20,
+        8: 0.20,
+        12: 0.20,
+    }
+    ratio = {m.step: m.value for m in client.get_metric_history(rid, "agg/token/weight_ratio")}
+    # step 4, rule token (j = 0): weight_pos = 0.4 + 0.01 * (4 % 5), weight_neg = 0.6 - 0.01 * (4 % 3)
+    assert math.isnan(ratio[3]) and ratio[4] == pytest.approx(0.44 / 0.59)
+    assert runs[rf.cell_id("token", 1)].data.tags["aggregation"] == "token"
+
+
+def test_ingest_rebuilds_a_deleted_store(tmp_path):
+    """The files are the source of truth: a lost database is rebuilt, stale run markers ignored."""
+    config = rf.make_grid(tmp_path)
+    exp = load_experiment(config)
+    run_cli(ingest_command, "--config", str(config), "--quiet")
+    marker = tmp_path / "results" / "runs" / rf.cell_id("token", 0) / "mlflow_run.json"
+    old_run = json.loads(marker.read_text())["run_id"]
+    before = store_contents(exp)
+    shutil.copy(rf.empty_store(), tmp_path / "results" / "mlflow.db")  # a new, empty store
+    res = run_cli(ingest_command, "--config", str(config), "--quiet")
+    assert "56 new training step(s), 240 new evaluation value(s)" in res.output
+    assert store_contents(exp) == before
+    assert json.loads(marker.read_text())["run_id"] != old_run
+
+
+def _delete_step(db: Path, run_id: str, step: int) -> int:
+    with sqlite3.connect(db) as con:
+        n = con.execute("DELETE FROM metrics WHERE run_uuid = ? AND step = ?", (run_id, step)).rowcount
+    return n
+
+
+def test_report_detects_mismatch_between_files_and_mlflow(tmp_path):
+    config = rf.make_grid(tmp_path)
+    exp = load_experiment(config)
+    run_cli(ingest_command, "--config", str(config), "--quiet")
+    client = init_store(tracking_uri(exp))
+    runs, _ = find_runs(client, "synth")
+    # MLflow lost token s0's step 12 (training metrics and evaluation) ...
+    assert _delete_step(tmp_path / "results" / "mlflow.db", runs[rf.cell_id("token", 0)].info.run_id, 12) > 60
+    # ... and a metrics.json was re-graded after it was ingested
+    f = (
+        tmp_path
+        / "results"
+        / "runs"
+        / rf.cell_id("balanced", 1)
+        / "eval"
+        / "step_8"
+        / "tiny_test.metrics.json"
+    )
+    f.write_text(json.dumps(rf.eval_metrics("tiny_test", 0.65)))
+
+    out = tmp_path / "tables"
+    res = run_cli(report_command, "--config", str(config), "--out", str(out), ok=False)
+    assert res.exit_code != 0
+    n_lost = len(set(rf.metrics_row(0, 1)) - {"step", "time"}) + len(rf.BENCHES) * len(EVAL_KEYS)
+    assert f"{rf.cell_id('token', 0)}: {n_lost} values in the files are missing in MLflow at step(s) 12" in (
+        res.output
+    )
+    assert (
+        f"{rf.cell_id('balanced', 1)}: 6 values differ between the files and MLflow at step(s) 8 "
+        "(eval/tiny_test/avg_at_4 @ 8: 0.65 vs 0.6;" in (res.output)
+    )
+    assert not out.exists(), "a failed check must not leave tables behind"
+
+    res = run_cli(
+        report_command, "--config", str(config), "--out", str(out), "--allow-mismatch", "--no-plots"
+    )
+    md = (out / "last.md").read_text()
+    assert "| token † |" in md and "| balanced † |" in md
+    assert f"{rf.cell_id('balanced', 1)}: MLflow differs from the run files" in md
+
+    # ingest fills in the lost step; it never overwrites a value, so the re-graded one stays reported
+    run_cli(ingest_command, "--config", str(config), "--quiet")
+    errors = [p for p in verify(exp) if p.is_error]
+    # avg@4 and the values derived from it in the fixture's metrics.json: avg@4, pass@1, pass@4,
+    # maj@4, ci_low, ci_high (mean_length and truncation_rate did not change)
+    assert {(p.cell_id, p.step, p.kind) for p in errors} == {(rf.cell_id("balanced", 1), 8, "different")}
+    assert {p.key.rsplit("/", 1)[1] for p in errors} == set(EVAL_KEYS[:6])
+
+
+def test_ingest_rejects_unknown_cell(tmp_path):
+    config = rf.make_grid(tmp_path)
+    res = run_cli(ingest_command, "--config", str(config), "--cell", "nope__s0", ok=False)
+    assert res.exit_code != 0 and "nope__s0: not in this grid" in res.output

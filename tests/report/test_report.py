@@ -1,0 +1,240 @@
+"""`aggbench report`: peak and last-step tables, plots and the summary run, from a synthetic grid.
+
+Expected numbers are worked out by hand from report_fixtures.EVALS (fractions; tables are in %):
+
+token     tiny_test  s0 {4: .30, 8: .50, 12: .40}  s1 {4: .20, 8: .40, 12: .50}
+          math500    s0 {4: .10, 8: .20, 12: .30}  s1 {4: .20, 8: .20, 12: .20}
+balanced  tiny_test  s0 {4: .40, 8: .60, 12: .70}  s1 {4: .50, 8: .60, 12: .50}
+          math500    s0 {4: .30, 8: .10, 12: .20}  s1 {4: .10, 8: .30, 12: .20}
+sequence  s0 only, trained to step 8 of 12: tiny_test {4: .10, 8: .20}, math500 {4: .05, 8: .15}
+base      tiny_test .10, math500 .05
+
+Two seeds a, b: mean (a + b) / 2, sample std |a - b| / sqrt(2) (10 points apart -> 7.1, 20 -> 14.1).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import report_fixtures as rf  # noqa: E402
+
+from aggbench.grid import load_experiment  # noqa: E402
+from aggbench.ingest import find_runs, init_store, summary_id, tracking_uri  # noqa: E402
+from aggbench.report import check_reported, metric_name  # noqa: E402
+from aggbench.report_cli import ingest_command, report_command  # noqa: E402
+
+REPORTED = {"tiny": {"tiny": {"token": {"tiny_test": 40.0, "math500": 30.0}, "base": {"tiny_test": 12.0}}}}
+ROWS = ["base (step 0)", "token", "balanced", "sequence"]
+COLUMNS = ["tiny_test", "math500", "average"]
+
+
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory):
+    """The grid ingested and reported once: (config, out dir, CLI output of the report)."""
+    mp = pytest.MonkeyPatch()
+    mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+    root = tmp_path_factory.mktemp("report")
+    config = rf.make_grid(root, reported=REPORTED)
+    runner = CliRunner()
+    res = runner.invoke(ingest_command, ["--config", str(config), "--quiet"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out = root / "tables"
+    res = runner.invoke(report_command, ["--config", str(config), "--out", str(out)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    yield config, out, res.output
+    mp.undo()
+
+
+def read_csv(path: Path) -> dict[tuple[str, str, str], dict[str, str]]:
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    return {(r["table"], r["row"], r["column"]): r for r in rows}
+
+
+def md_rows(md: str, title_part: str) -> dict[str, list[str]]:
+    """{row label: cells} of the Markdown table under the heading containing ``title_part``."""
+    section = md.split(title_part, 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for line in section.splitlines():
+        if line.startswith("| ") and not line.startswith("| rule"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            out[cells[0]] = cells[1:]
+    return out
+
+
+def test_every_table_has_a_row_per_rule_and_base_and_a_number_per_benchmark(reported):
+    _, out, _ = reported
+    for name, tables in (("peak", {"peak_per_benchmark", "peak_best_average"}), ("last", {"last"})):
+        data = read_csv(out / f"{name}.csv")
+        assert {t for t, _, _ in data} == tables
+        for table in tables:
+            for row in ROWS:
+                for col in COLUMNS:
+                    value = data[(table, row, col)]["mean"]
+                    assert float(value) > 0, (table, row, col)
+
+
+def test_peak_each_benchmark_at_its_best_step(reported):
+    _, out, _ = reported
+    data = read_csv(out / "peak.csv")
+    got = lambda row, col: data[("peak_per_benchmark", row, col)]  # noqa: E731
+    # token tiny_test: seed means 4: .25, 8: .45, 12: .45 -> tie, the earliest: step 8 (.50, .40)
+    assert (float(got("token", "tiny_test")["mean"]), got("token", "tiny_test")["step"]) == (45.0, "8")
+    assert float(got("token", "tiny_test")["std"]) == pytest.approx(7.0710678, abs=1e-5)
+    # token math500: 4: .15, 8: .20, 12: .25 -> step 12 (.30, .20)
+    assert (float(got("token", "math500")["mean"]), got("token", "math500")["step"]) == (25.0, "12")
+    # token average of the per-benchmark peaks: s0 (.50 + .30) / 2 = .40, s1 (.40 + .20) / 2 = .30
+    assert float(got("token", "average")["mean"]) == pytest.approx(35.0)
+    assert float(got("token", "average")["std"]) == pytest.approx(7.0710678, abs=1e-5)
+    # balanced math500: .20 at every step -> step 4 (.30, .10): 20.0 +- 14.1
+    assert (float(got("balanced", "math500")["mean"]), got("balanced", "math500")["step"]) == (20.0, "4")
+    assert float(got("balanced", "math500")["std"]) == pytest.approx(14.142136, abs=1e-5)
+    # sequence: one seed, no std
+    assert (got("sequence", "tiny_test")["mean"], got("sequence", "tiny_test")["std"]) == ("20.0", "")
+    assert got("sequence", "tiny_test")["n_seeds"] == "1"
+
+    rows = md_rows((out / "peak.md").read_text(), "each benchmark at its own best step")
+    assert rows["token"][0] == "45.0 ± 7.1 @8 (Δ +5.0)"  # reported 40.0
+    assert rows["balanced"] == ["**60.0 ± 0.0** @8", "20.0 ± 14.1 @4", "**40.0 ± 7.1**"]
+    assert rows["token"][1] == "**25.0 ± 7.1** @12 (Δ -5.0)"  # best of math500, reported 30.0
+    assert rows["base (step 0)"] == ["10.0 @0 (Δ -2.0)", "5.0 @0", "7.5 @0"]
+
+
+def test_peak_single_step_with_best_average(reported):
+    _, out, _ = reported
+    rows = md_rows((out / "peak.md").read_text(), "the single step with the best benchmark average")
+    # token seed-mean averages: 4: .20, 8: (.35 + .30) / 2 = .325, 12: (.35 + .35) / 2 = .35 -> 12
+    assert rows["token"][:3] == ["12", "45.0 ± 7.1 (Δ +5.0)", "**25.0 ± 7.1** (Δ -5.0)"]
+    # average: both seeds .35 -> 35.0 +- 0.0; reported average (40 + 30) / 2 = 35 -> delta 0
+    assert rows["token"][3] == "35.0 ± 0.0 (Δ +0.0)"
+    # balanced: 4: .325, 8: (.35 + .45) / 2 = .40, 12: (.45 + .35) / 2 = .40 -> tie, step 8
+    assert rows["balanced"] == ["8", "**60.0 ± 0.0**", "20.0 ± 14.1", "**40.0 ± 7.1**"]
+
+
+def test_last_step_table(reported):
+    _, out, _ = reported
+    md = (out / "last.md").read_text()
+    rows = md_rows(md, "last evaluated step")
+    assert rows["balanced"] == ["12", "**60.0 ± 14.1**", "20.0 ± 0.0", "**40.0 ± 7.1**"]
+    assert rows["token"][0] == "12"
+    # the unfinished rule keeps its row, at its own last step, flagged
+    assert rows["sequence †"] == ["8", "20.0", "15.0", "17.5"]
+    assert "tiny__tiny__sequence__s0: trained to step 8 of 12; evaluated at steps 4, 8 of 4, 8, 12" in md
+    assert "tiny__tiny__sequence__s1: no MLflow run (no run files either)" in md
+    data = read_csv(out / "last.csv")
+    assert data[("last", "sequence", "average")]["flagged"] == "1"
+    assert data[("last", "token", "average")]["flagged"] == "0"
+    assert data[("last", "balanced", "tiny_test")]["best"] == "1"
+    assert "avg@4 in %, mean ± std over 2 seeds" in md
+
+
+def test_tidy_values_csv_holds_every_value_read(reported):
+    _, out, _ = reported
+    with (out / "values.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    # 4 complete cells x 3 steps x 2 benchmarks + sequence s0 2 x 2 + base 2
+    assert len(rows) == 24 + 4 + 2
+    got = {(r["cell_id"], r["benchmark"], int(r["step"])): float(r["value"]) for r in rows}
+    for (rule, seed), by_bench in rf.EVALS.items():
+        for bench, by_step in by_bench.items():
+            for step, value in by_step.items():
+                assert got[(rf.cell_id(rule, seed), bench, step)] == value
+    assert got[("tiny__base", "math500", 0)] == rf.BASE["math500"]
+
+
+def test_reported_deltas_in_csv(reported):
+    _, out, _ = reported
+    data = read_csv(out / "last.csv")
+    row = data[("last", "token", "tiny_test")]
+    assert (float(row["reported"]), float(row["delta"])) == (40.0, 5.0)
+    assert float(data[("last", "token", "average")]["reported"]) == 35.0
+    assert data[("last", "balanced", "tiny_test")]["reported"] == ""
+
+
+def test_latex_is_well_formed(reported):
+    _, out, _ = reported
+    for name, n_tables in (("peak", 2), ("last", 1)):
+        tex = (out / f"{name}.tex").read_text()
+        assert tex.count(r"\begin{tabular}") == tex.count(r"\end{tabular}") == n_tables
+        depth = 0
+        for ch in tex.replace(r"\{", "").replace(r"\}", ""):
+            depth += {"{": 1, "}": -1}.get(ch, 0)
+            assert depth >= 0
+        assert depth == 0
+        assert tex.count("$") % 2 == 0
+        for body in re.findall(r"\\toprule\n(.*?)\\bottomrule", tex, re.S):
+            lines = [ln for ln in body.splitlines() if ln.endswith(r"\\")]
+            assert len(lines) == 1 + len(ROWS)  # header + rows
+            assert len({ln.count(" & ") for ln in lines}) == 1
+        assert r"sequence$^{\dagger}$" in tex and r"\textbf{60.0" in tex
+
+
+def test_plots_are_nontrivial_pngs(reported):
+    import matplotlib.image as mpimg
+
+    _, out, _ = reported
+    for kind in ("eval", "pg_loss", "length_by_sign", "sign_weights"):
+        path = out / "plots" / f"tiny__tiny__{kind}.png"
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        img = mpimg.imread(path)
+        assert img.shape[0] > 200 and img.shape[1] > 300
+        assert img[..., :3].std() > 0.05, f"{kind}: nearly blank"
+
+
+def test_summary_run_holds_the_artifacts_and_is_replaced_not_duplicated(reported):
+    config, out, _ = reported
+    exp = load_experiment(config)
+    client = init_store(tracking_uri(exp))
+
+    def summary():
+        runs, dupes = find_runs(client, "synth")
+        assert summary_id("synth") not in dupes
+        run = runs[summary_id("synth")]
+        arts = {
+            d: sorted(f.path for f in client.list_artifacts(run.info.run_id, d)) for d in ("tables", "plots")
+        }
+        return run.info.run_id, arts
+
+    run_id, arts = summary()
+    want = sorted(
+        [f"tables/{n}.{e}" for n in ("last", "peak") for e in ("csv", "md", "tex")] + ["tables/values.csv"]
+    )
+    assert arts["tables"] == want
+    assert len(arts["plots"]) == 4
+    res = CliRunner().invoke(report_command, ["--config", str(config), "--out", str(out), "--no-plots"])
+    assert res.exit_code == 0, res.output
+    run_id2, arts2 = summary()
+    assert run_id2 == run_id
+    assert arts2 == {"tables": arts["tables"], "plots": []}  # replaced: this report made no plots
+
+
+def test_metric_names_and_reported_validation(reported):
+    config, _, _ = reported
+    exp = load_experiment(config)
+    assert metric_name("math500", "avg@n", exp) == "avg@4"  # evaluation.n
+    assert metric_name("math500", "pass@1", exp) == "pass@1"
+    del exp["evaluation"]["n"]
+    assert metric_name("math500", "maj@n", exp) == "maj@4"  # configs/benchmarks/math500.yaml: n 4
+    exp["reported"] = {"tiny": {"tiny": {"tokn": {"tiny_test": 1.0}, "token": {"aime": 2.0}}}}
+    with pytest.raises(ValueError) as err:
+        check_reported(exp)
+    assert "reported.tiny.tiny.tokn: unknown row; known: token, balanced, sequence, base" in str(err.value)
+    assert "reported.tiny.tiny.token.aime: unknown column" in str(err.value)
+
+
+def test_unknown_metric_names_the_available_ones(reported, tmp_path):
+    config, _, _ = reported
+    res = CliRunner().invoke(
+        report_command, ["--config", str(config), "--out", str(tmp_path / "t"), "--metric", "avg@7"]
+    )
+    assert res.exit_code != 0
+    assert "no run has eval/tiny_test/avg_at_7 (tiny_test)" in res.output
+    assert "avg@4, ci_high, ci_low, maj@4, mean_length, pass@1, pass@4, truncation_rate" in res.output
+    assert not (tmp_path / "t" / "peak.md").exists()
