@@ -338,7 +338,7 @@ def test_tiny_test_uses_make_task_test_split(monkeypatch: pytest.MonkeyPatch) ->
     assert len(records) == 64 and records.source == "builtin:tiny"
     assert records[1] == {"id": "te1", "prompt": "1+2=", "answer": "3"}
     assert spec.render_prompt(records[1]) == "1+2="
-    assert not spec.use_chat_template
+    assert spec.use_chat_template  # the tiny model ships a chat template and its warm start used it
 
 
 def test_tiny_test_with_the_real_task() -> None:
