@@ -1,0 +1,186 @@
+"""Helpers for the whole-workflow tests: run the real `snakemake` on the real Snakefile.
+
+Every test drives Snakemake through a subprocess, as a user would. Tests that write results point
+`results_dir` at a temporary directory (and most also run with `--directory` in one, so
+Snakemake's own state under .snakemake/ stays out of the repository).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SNAKEFILE = REPO / "Snakefile"
+SMOKE = REPO / "configs" / "smoke.yaml"
+PAPER = REPO / "configs" / "paper.yaml"
+# Warm-start steps of the tiny model the DAG tests share (few: these tests check the workflow,
+# not learning; the smoke test builds its own model with the smoke config's 150 steps).
+TEST_SFT_STEPS = 30
+
+
+def _exe(name: str) -> str:
+    """The tool installed beside this Python (the project's venv), else the one on PATH."""
+    here = Path(sys.executable).with_name(name)
+    found = str(here) if here.exists() else shutil.which(name)
+    if not found:
+        pytest.fail(f"`{name}` not found beside {sys.executable} or on PATH; install the project first")
+    return found
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def write_config(path: Path, over: dict | None = None, *, base: Path = SMOKE, drop: tuple[str, ...] = ()) -> Path:
+    """A copy of `base` (the smoke config) with `over` merged in and top-level keys `drop`ped."""
+    cfg = deep_merge(yaml.safe_load(base.read_text()), over or {})
+    for key in drop:
+        cfg.pop(key, None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def small_config(path: Path, results: Path, over: dict | None = None) -> Path:
+    """A minimal grid on the tiny model: one rule, few steps, 4 test problems x 2 samples."""
+    base = {
+        "results_dir": str(results),
+        "models": {"tiny": {"source": "tiny", "sft_steps": TEST_SFT_STEPS}},
+        "aggregations": [{"name": "balanced"}],
+        "training": {
+            "algorithm": {"total_steps": 2, "prompts_per_step": 4, "group_size": 4, "micro_batch_size": 16},
+            "checkpoint": {"every": 2},
+        },
+        "evaluation": {"every": 2, "n": 2, "limit": 4, "base_model": False},
+    }
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["aggregations"] = []  # replaced, not merged
+    cfg = deep_merge(deep_merge(cfg, base), over or {})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def run(
+    args: list[str],
+    *,
+    cwd: Path = REPO,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
+    """`snakemake ARGS` in `cwd`; on failure (with check) the assertion shows the output's tail."""
+    full_env = {**os.environ, **(env or {})}
+    try:
+        proc = subprocess.run(
+            [_exe("snakemake"), *args],
+            cwd=cwd,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        pytest.fail(f"snakemake {' '.join(args)} timed out after {timeout} s\n{(out + err)[-6000:]}")
+    if check and proc.returncode != 0:
+        pytest.fail(
+            f"snakemake {' '.join(args)} exited {proc.returncode}\n"
+            f"--- stdout (tail)\n{proc.stdout[-4000:]}\n--- stderr (tail)\n{proc.stderr[-8000:]}"
+        )
+    return proc
+
+
+def job_counts(text: str) -> dict[str, int]:
+    """The 'Job stats' table Snakemake prints (first one), as {rule: count}, without 'total'."""
+    lines = text.splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == "Job stats:")
+    except StopIteration:
+        return {}
+    counts: dict[str, int] = {}
+    for line in lines[start + 3 :]:
+        m = re.fullmatch(r"\s*([A-Za-z_][\w]*)\s+(\d+)\s*", line)
+        if not m:
+            break
+        if m.group(1) != "total":
+            counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+def jobs(text: str) -> list[dict[str, Any]]:
+    """Every job block of Snakemake's (dry-)run output: {rule, local, wildcards, resources}."""
+    out: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    for line in text.splitlines():
+        m = re.match(r"^(local)?rule (\w+):\s*$", line)
+        if m:
+            current = {"rule": m.group(2), "local": bool(m.group(1)), "wildcards": {}, "resources": {}}
+            out.append(current)
+            continue
+        if current is None:
+            continue
+        m = re.match(r"^\s+(wildcards|resources): (.*)$", line)
+        if m:
+            pairs = dict(p.split("=", 1) for p in m.group(2).split(", ") if "=" in p)
+            current[m.group(1)] = pairs
+    return out
+
+
+def populate_model(results: Path, model_dir: Path, name: str = "tiny") -> Path:
+    """Put an already prepared model where prepare_model would write it (saves its minutes)."""
+    dest = results / "models" / name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(model_dir, dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """The tiny model as `aggbench prepare-model` (the rule's command) builds it, with few steps."""
+    out = tmp_path_factory.mktemp("wf-model") / "tiny"
+    proc = subprocess.run(
+        [_exe("aggbench"), "prepare-model", "tiny", "--sft-steps", str(TEST_SFT_STEPS), "--out", str(out), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"aggbench prepare-model failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return out
+
+
+@pytest.fixture(scope="session")
+def wf():
+    """The helpers above, for the test modules (a conftest cannot be imported by name)."""
+    import types
+
+    return types.SimpleNamespace(
+        REPO=REPO,
+        SNAKEFILE=SNAKEFILE,
+        SMOKE=SMOKE,
+        PAPER=PAPER,
+        TEST_SFT_STEPS=TEST_SFT_STEPS,
+        deep_merge=deep_merge,
+        write_config=write_config,
+        small_config=small_config,
+        run=run,
+        job_counts=job_counts,
+        jobs=jobs,
+        populate_model=populate_model,
+        exe=_exe,
+    )

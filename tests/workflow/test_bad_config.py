@@ -1,0 +1,81 @@
+"""A bad config stops `snakemake` before any job, naming the key and what is allowed there."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+# (case, change to the smoke config, strings the error must contain: the key, and allowed values)
+CASES = [
+    (
+        "misspelled top-level key",
+        lambda c: c.__setitem__("seedz", c.pop("seeds")),
+        ["seedz", "allowed keys", "seeds", "benchmarks"],
+    ),
+    (
+        "misspelled evaluation key",
+        lambda c: c["evaluation"].__setitem__("evrey", c["evaluation"].pop("every")),
+        ["evaluation", "evrey", "allowed keys", "every", "base_model"],
+    ),
+    (
+        "misspelled training key",
+        lambda c: c["training"]["algorithm"].__setitem__("lrr", c["training"]["algorithm"].pop("lr")),
+        ["algorithm.lrr", "allowed keys", "lr", "total_steps"],
+    ),
+    (
+        "unknown aggregation rule",
+        lambda c: c["aggregations"].append({"name": "tokne"}),
+        ["aggregations[3]", "tokne", "token", "balanced", "sequence"],
+    ),
+    (
+        "unknown benchmark",
+        lambda c: c.__setitem__("benchmarks", ["tiny_test", "math5000"]),
+        ["benchmarks", "math5000", "math500", "aime24", "tiny_test"],
+    ),
+    (
+        "negative step count",
+        lambda c: c["training"]["checkpoint"].__setitem__("every", -4),
+        ["training.checkpoint.every", "-4", "minimum of 1"],
+    ),
+    (
+        "missing model path",
+        lambda c: c["models"].__setitem__("tiny", {"source": "/nonexistent/aggbench-model", "path": True}),
+        ["models.tiny.source", "/nonexistent/aggbench-model", "does not exist"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "change", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_bad_config_stops_the_dry_run_with_a_message_naming_key_and_allowed_values(
+    wf, tmp_path, case, change, expected
+):
+    cfg = yaml.safe_load(wf.SMOKE.read_text())
+    change(cfg)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = wf.run(
+        ["-n", "--configfile", str(path), "--config", f"results_dir={tmp_path / 'results'}"], check=False
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, f"{case}: snakemake accepted the config\n{out[-2000:]}"
+    for s in expected:
+        assert s in out, f"{case}: {s!r} not in the error message:\n{out[-3000:]}"
+    # stopped while reading the config: no job was even planned
+    assert "Job stats" not in out and "Building DAG of jobs" not in out, out[-2000:]
+
+
+def test_bad_config_starts_no_job_in_a_real_run(wf, tmp_path):
+    """Not only a dry run: a real run with a bad key writes nothing at all."""
+    cfg = yaml.safe_load(wf.SMOKE.read_text())
+    cfg["aggregations"][0]["rule"] = "no_such_rule"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    results = tmp_path / "results"
+    proc = wf.run(
+        ["-s", str(wf.SNAKEFILE), "--cores", "1", "--configfile", str(path), "--config", f"results_dir={results}"],
+        cwd=tmp_path,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "no_such_rule" in proc.stdout + proc.stderr
+    assert not results.exists(), sorted(p.name for p in results.rglob("*"))

@@ -1,0 +1,77 @@
+"""`snakemake -n` lists exactly the jobs the grid implies, with each rule's resources from the config."""
+
+from __future__ import annotations
+
+import time
+
+from aggbench.grid import job_counts, load_experiment
+
+
+def test_paper_grid_dry_run_lists_exactly_the_expected_jobs(wf, tmp_path):
+    t0 = time.monotonic()
+    proc = wf.run(["-n", "--configfile", str(wf.PAPER), "--config", f"results_dir={tmp_path / 'results'}"])
+    elapsed = time.monotonic() - t0
+    counts = wf.job_counts(proc.stdout)
+
+    # By hand: 2 models x 2 datasets x 3 rules x 1 seed = 12 cells. Checkpoints every 25 of 300 steps
+    # = 12 train segments per cell; evaluation every 50 steps = steps 50..300 = 6 per cell; six
+    # benchmarks graded per evaluated checkpoint; the base model sampled once per model (2) and
+    # graded on 6 benchmarks each (12).
+    cells = 2 * 2 * 3 * 1
+    expected = {
+        "prepare_model": 2,
+        "prepare_data": 2,
+        "experiment_config": 1,
+        "cell_config": cells,
+        "train": cells * (300 // 25),
+        "generate": cells * 6,
+        "grade": cells * 6 * 6,
+        "generate_base": 2,
+        "grade_base": 2 * 6,
+        "report": 1,
+        "all": 1,
+    }
+    assert expected["train"] == 144 and expected["generate"] == 72 and expected["grade"] == 432
+    assert counts == expected, proc.stdout[-3000:]
+
+    # ... and the same numbers as the grid module, which `aggbench grid check` prints
+    grid = job_counts(load_experiment(wf.PAPER))
+    for rule in ("prepare_model", "prepare_data", "train", "generate", "grade", "generate_base", "grade_base"):
+        assert counts[rule] == grid[rule], rule
+    assert counts["cell_config"] == grid["cells"]
+
+    # Resources come from the config, per model: 8 GPUs to train Qwen2.5-Math-7B, 4 for Qwen3-1.7B,
+    # and grade jobs get the config's 16 CPUs (and no GPU).
+    jobs = wf.jobs(proc.stdout)
+    train = {j["wildcards"]["cell"].split("__")[0]: j["resources"] for j in jobs if j["rule"] == "train"}
+    assert train["qwen2.5-math-7b"]["gpu"] == "8" and train["qwen2.5-math-7b"]["mem_mb"] == "480000"
+    assert train["qwen2.5-math-7b"]["runtime"] == "720" and train["qwen2.5-math-7b"]["cpus_per_task"] == "32"
+    assert train["qwen3-1.7b"]["gpu"] == "4" and train["qwen3-1.7b"]["mem_mb"] == "240000"
+    grade = next(j for j in jobs if j["rule"] == "grade")["resources"]
+    assert grade["cpus_per_task"] == "16" and grade["mem_mb"] == "32000" and "gpu" not in grade
+
+    # a dry run writes nothing under results_dir
+    assert not (tmp_path / "results").exists()
+    # "a few seconds": most of it is importing torch to validate the rules; generous for a loaded CI
+    assert elapsed < 90, f"dry run took {elapsed:.0f} s"
+    print(f"paper dry run: {sum(counts.values())} jobs in {elapsed:.1f} s")
+
+
+def test_default_config_is_the_smoke_grid(wf, tmp_path):
+    """Without --configfile the Snakefile runs configs/smoke.yaml: 3 rules x 12 steps, checkpoints
+    every 4 -> 3 segments per cell, each evaluated, on one benchmark, plus the base model."""
+    proc = wf.run(["-n", "--quiet", "rules", "--config", f"results_dir={tmp_path / 'results'}"])
+    counts = wf.job_counts(proc.stdout)
+    assert counts == {
+        "prepare_model": 1,
+        "prepare_data": 1,
+        "experiment_config": 1,
+        "cell_config": 3,
+        "train": 3 * 3,
+        "generate": 3 * 3,
+        "grade": 3 * 3 * 1,
+        "generate_base": 1,
+        "grade_base": 1,
+        "report": 1,
+        "all": 1,
+    }, proc.stdout[-3000:]

@@ -1,0 +1,121 @@
+"""Adding a variant: a user's rule in their own module plus one named instance in the config.
+
+The plugin lives in a temporary folder beside the user's config (not in the repository, not on
+PYTHONPATH), Snakemake runs in another folder, so a job's working directory is not the plugin's.
+Checks: with the existing grid done, `snakemake -n` schedules only the new cell's jobs (and the
+report, which gains a row); and the new cell's train job imports the plugin and trains with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PLUGIN = '''
+"""A user's aggregation rule (test plugin): square-root length weighting."""
+import json
+import os
+import sys
+
+from torch import Tensor
+
+from aggbench.aggregation import register_rule
+from aggbench.aggregation.core import broadcast, check_inputs, safe_reciprocal
+
+if os.environ.get("WFTEST_PLUGIN_LOG"):  # who imported me, from where
+    with open(os.environ["WFTEST_PLUGIN_LOG"], "a") as fh:
+        fh.write(json.dumps({"pid": os.getpid(), "cwd": os.getcwd(), "argv": sys.argv}) + "\\n")
+
+
+@register_rule("wftest_sqrt_length", version="1")
+def wftest_sqrt_length(mask: Tensor, advantages: Tensor, group_ids: Tensor) -> Tensor:
+    """Square-root length: c_i = 1 / (N * sqrt(|o_i|)).
+
+    mask: [B, T] bool; advantages: [B]; group_ids: [B] -> effective advantages [B, T].
+    """
+    m = check_inputs(mask, advantages, group_ids)
+    coef = safe_reciprocal(m.sum(dim=1).sqrt()) / mask.shape[0]
+    return broadcast(coef * advantages, m)
+'''
+
+NEW = "tiny__tiny__sqrtlen__s0"
+
+
+def _outputs(dry_run_text: str) -> list[str]:
+    """Every output path a (dry) run lists."""
+    paths = []
+    for m in re.finditer(r"^\s+output: (.*)$", dry_run_text, re.M):
+        paths += [p.strip() for p in m.group(1).split(",")]
+    return paths
+
+
+def test_new_variant_schedules_only_its_cells_and_imports_in_jobs(wf, tmp_path, tiny_model):
+    results = tmp_path / "results"
+    work = tmp_path / "work"
+    plug = tmp_path / "userdir"
+    work.mkdir()
+    plug.mkdir()
+    (plug / "wftest_rules.py").write_text(textwrap.dedent(PLUGIN))
+    over = {"aggregations": [{"name": "token"}, {"name": "balanced"}]}
+    old = wf.small_config(tmp_path / "old.yaml", results, over)
+    new = wf.small_config(
+        plug / "experiment.yaml",
+        results,
+        {
+            "plugins": ["wftest_rules"],
+            "aggregations": [*over["aggregations"], {"name": "sqrtlen", "rule": "wftest_sqrt_length"}],
+        },
+    )
+    wf.populate_model(results, tiny_model)
+    base = ["-s", str(wf.SNAKEFILE), "--cores", "2"]
+    env = {"WFTEST_PLUGIN_LOG": str(tmp_path / "imports.jsonl"), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    assert str(plug) not in env["PYTHONPATH"]
+
+    # ---- the existing grid, "done": real data (the new cell trains on it), every other output
+    # created and then touched in DAG order so Snakemake sees a finished grid
+    wf.run([*base, "--configfile", str(old), str(results / "data" / "tiny.jsonl")], cwd=work)
+    planned = wf.run([*base, "-n", "--configfile", str(old)], cwd=work).stdout
+    for path in _outputs(planned):
+        p = Path(path) if Path(path).is_absolute() else work / path
+        if not p.exists():
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.touch()
+    wf.run([*base, "--touch", "--configfile", str(old)], cwd=work)
+    again = wf.run([*base, "-n", "--configfile", str(old)], cwd=work)
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
+
+    # ---- the new instance: only its cell's jobs, plus the report that gains its row
+    proc = wf.run([*base, "-n", "--configfile", str(new)], cwd=work, env=env)
+    jobs = wf.jobs(proc.stdout)
+    per_cell = [j for j in jobs if "cell" in j["wildcards"]]
+    assert per_cell and {j["wildcards"]["cell"] for j in per_cell} == {NEW}, sorted(
+        {j["wildcards"]["cell"] for j in per_cell}
+    )
+    counts = wf.job_counts(proc.stdout)
+    assert counts == {
+        "cell_config": 1,
+        "train": 1,
+        "generate": 1,
+        "grade": 1,
+        "experiment_config": 1,
+        "report": 1,
+        "all": 1,
+    }, counts
+
+    # ---- the new cell's train job (a subprocess, cwd = work) imports the plugin and uses it
+    marker = results / "runs" / NEW / "segments" / "step_2.done"
+    wf.run([*base, "--configfile", str(new), str(marker)], cwd=work, env=env)
+    imports = [json.loads(line) for line in (tmp_path / "imports.jsonl").read_text().splitlines()]
+    in_train = [i for i in imports if "train" in i["argv"]]
+    assert in_train, imports
+    assert all(i["cwd"] == str(work) and i["cwd"] != str(plug) for i in in_train), in_train
+    rows = [json.loads(line) for line in (results / "runs" / NEW / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all("agg/sqrtlen/weight_ratio" in r for r in rows)  # the run's own rule is diagnosed
