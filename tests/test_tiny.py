@@ -38,7 +38,7 @@ from aggbench.tiny import (  # noqa: E402
 
 # Worked by hand: in the map a>d b>f c>a d>h e>b f>c g>e h>g, 4 hops from g visit g>e, e>b, b>f,
 # f>c, so the answer is c.
-HAND_MAP = tuple(pair.split(">") for pair in "a>d b>f c>a d>h e>b f>c g>e h>g".split())
+HAND_MAP = tuple(pair.split(">") for pair in ["a>d", "b>f", "c>a", "d>h", "e>b", "f>c", "g>e", "h>g"])
 HAND = Problem(mapping=tuple(map(tuple, HAND_MAP)), start="g", hops=4)
 
 

@@ -23,6 +23,7 @@ import math
 import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +59,12 @@ MODEL_SHAPE = dict(
     attention_dropout=0.0,
 )
 
-# Warm-start defaults: measured on 2 CPU cores (see build_and_warm_start's docstring).
-DEFAULT_SFT_STEPS = 150
-DEFAULT_SFT_LR = 3e-3
+# Warm-start defaults, measured on 2 CPU cores: what matters is the number of steps (the in-context
+# copy forms abruptly after ~200-300 of them), not examples, so small batches; lr 3e-3 never formed
+# it in 300 steps, 1e-3 did.
+DEFAULT_SFT_STEPS = 500
+DEFAULT_SFT_BATCH = 16
+DEFAULT_SFT_LR = 1e-3
 
 
 def build_tokenizer():
@@ -167,42 +171,50 @@ def sft_warm_start(
     model_dir: str | Path,
     *,
     steps: int = DEFAULT_SFT_STEPS,
-    batch_size: int = 64,
+    batch_size: int = DEFAULT_SFT_BATCH,
     lr: float = DEFAULT_SFT_LR,
     seed: int = 0,
     task: TaskConfig | None = None,
+    worked_only_fraction: float = 0.5,
     progress: bool = True,
 ) -> list[float]:
     """Supervised warm start on the task's worked + guess answers; saves the model back in place.
 
-    Loss is on the assistant tokens (answer + eos) only, with prompts rendered through the chat
-    template exactly as at RL time. Plain AdamW loop with linear warm-up (10%) then cosine decay
-    to 10% of ``lr``. Deterministic on CPU: same seed and settings, same weights. Returns the
-    per-step losses.
+    The first ``worked_only_fraction`` of the steps see worked answers only (the skill: copying
+    and looking up letters in context, which forms abruptly after ~200-300 steps); the rest see
+    the ``task.worked_fraction`` mix, which sets how often the warmed-up policy guesses. Loss is
+    on the assistant tokens (answer + eos) only, with prompts rendered through the chat template
+    exactly as at RL time. Plain AdamW; linear warm-up over 5% of the steps, constant, then
+    cosine decay to 10% of ``lr`` over the last 40%. Deterministic on CPU: same seed and
+    settings, same weights. Returns the per-step losses.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = Path(model_dir)
     task = task or TaskConfig()
+    worked_only = replace(task, worked_fraction=1.0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
     torch.manual_seed(seed)
     rng = random.Random(f"tiny-sft-{seed}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    warmup = max(1, steps // 10)
+    warmup, decay_from = max(1, steps // 20), int(0.6 * steps)
 
     def lr_at(step: int) -> float:
         if step < warmup:
             return lr * (step + 1) / warmup
-        frac = (step - warmup) / max(1, steps - warmup)
+        if step < decay_from:
+            return lr
+        frac = (step - decay_from) / max(1, steps - decay_from)
         return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
     losses: list[float] = []
     bar = _progress(range(steps), desc="warm start", enabled=progress)
     for step in bar:
-        input_ids, attention_mask, labels = sft_batch(tokenizer, sft_examples(rng, task, batch_size))
+        cfg = worked_only if step < worked_only_fraction * steps else task
+        input_ids, attention_mask, labels = sft_batch(tokenizer, sft_examples(rng, cfg, batch_size))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
@@ -212,7 +224,7 @@ def sft_warm_start(
         optimizer.step()
         losses.append(loss.item())
         if hasattr(bar, "set_postfix"):
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     model.save_pretrained(model_dir)
     return losses
 
@@ -285,16 +297,26 @@ def probe_accuracy(
     rewards = [task_reward(t, a) for t, a in zip(texts, answers, strict=True)]
     right = [n for n, r in zip(lengths, rewards, strict=True) if r > 0]
     wrong = [n for n, r in zip(lengths, rewards, strict=True) if r == 0]
-    guesses = sum(t.lstrip().startswith(BOX) for t in texts)
+    is_guess = [t.lstrip().startswith(BOX) for t in texts]
+    by_style = {
+        style: [r for r, g in zip(rewards, is_guess, strict=True) if g == (style == "guess")]
+        for style in ("guess", "worked")
+    }
     return {
         "accuracy": sum(rewards) / len(rewards),
-        "mean_len_correct": sum(right) / len(right) if right else None,
-        "mean_len_incorrect": sum(wrong) / len(wrong) if wrong else None,
-        "guess_fraction": guesses / len(texts),
+        "accuracy_guess": _mean(by_style["guess"]),
+        "accuracy_worked": _mean(by_style["worked"]),
+        "mean_len_correct": _mean(right),
+        "mean_len_incorrect": _mean(wrong),
+        "guess_fraction": sum(is_guess) / len(texts),
         "n_responses": len(texts),
         "n_prompts": n_prompts,
         "n_samples": n_samples,
     }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def tiny_model_for_tests(
@@ -315,23 +337,27 @@ def build_and_warm_start(
     sft_steps: int = DEFAULT_SFT_STEPS,
     task: TaskConfig | None = None,
     progress: bool = True,
-    probe: bool = True,
+    probe_prompts: int = 32,
 ) -> dict[str, Any]:
-    """Build + warm-start the tiny model into ``out_dir`` and probe it; returns the facts for the
-    directory's ``aggbench_model.json``.
-
-    Measured on 2 CPU cores: see the project's docs (defaults: ~150 steps of batch 64).
-    """
+    """Build + warm-start the tiny model into ``out_dir`` and probe it (``probe_prompts`` test
+    prompts x 8 samples; 0 skips the probe); returns the facts for ``aggbench_model.json``."""
+    task = task or TaskConfig()
     t0 = time.monotonic()
     build_tiny_model(out_dir, seed=seed)
     losses = (
         sft_warm_start(out_dir, steps=sft_steps, seed=seed, task=task, progress=progress) if sft_steps else []
     )
     facts: dict[str, Any] = {
-        "sft_steps": sft_steps,
-        "sft_final_loss": losses[-1] if losses else None,
+        "sft_final_loss": round(losses[-1], 4) if losses else None,
         "sft_seconds": round(time.monotonic() - t0, 1),
+        "max_response_tokens": task.max_response_tokens(),
     }
-    if probe:
-        facts["probe"] = probe_accuracy(out_dir, seed=seed, task=task)
+    if probe_prompts:
+        facts["probe"] = probe_accuracy(
+            out_dir,
+            n_prompts=probe_prompts,
+            seed=seed,
+            task=task,
+            max_new_tokens=task.max_response_tokens() + 8,
+        )
     return facts

@@ -1,33 +1,33 @@
-"""The built-in synthetic verifiable task: a chain of last-digit operations.
+"""The built-in synthetic verifiable task: follow a letter map a few hops.
 
-A problem is a start digit and a few distinct operations applied left to right, keeping only the
-last digit after each one::
+A problem is a map on a few letters (one cycle through all of them), a start letter and a hop
+count::
 
-    prompt:  "Start at 7, apply +3 *7 -5 left to right; last digit?"
-    answer:  "5"            (7+3=10 -> 0, 0*7=0, 0-5=-5 -> 5)
+    prompt:  "Map c>i d>p e>s i>d p>e s>c. From i, apply it 4 times."
+    answer:  "s"            (i>d, d>p, p>e, e>s)
 
-Why this task and not plain addition (measured before: on plain addition the length gap between
-right and wrong answers vanished after ~20 GRPO steps, and with equal lengths every aggregation
-rule is the same rule): the supervised warm start teaches two answer styles,
+Why this task and not addition (measured before: on plain addition the length gap between right
+and wrong answers vanished after ~20 GRPO steps, and with equal lengths every aggregation rule is
+the same rule; and a 2.6M model does not learn a digit table such as (a + b) mod 10 in a few
+hundred warm-start steps, while it learns to copy from its context in ~150): the warm start
+teaches two answer styles,
 
-- *guess*: ``\\boxed{5}`` at once (4 tokens with eos). The operations are bijections of the digits
-  (+a, -a, and *3, *7, *9, the units modulo 10), so the answer is uniform over the ten digits
-  unless the whole chain is composed in one forward pass, which a 4-layer model does not learn:
-  guesses stay near 10% accuracy however long it trains;
-- *worked*: one short line per operation, then the box. Each line needs only the previous line's
-  result, the next operation copied from the prompt (operations in a prompt are distinct, so the
-  copy is unambiguous) and a 10x10 table, so a tiny model gets it mostly right.
+- *guess*: ``\\boxed{c}`` at once (4 tokens with eos). Composing several in-context look-ups in
+  one forward pass is beyond a 4-layer model, and the map is one cycle, so a guess is right about
+  1 time in n_nodes - 1 (1 in 7 by default) however long it trains;
+- *worked*: one short line per hop (``1) i>d``), then the box. Each line copies the previous
+  line's letter and looks its image up in the prompt (an induction-head copy), so a tiny model
+  gets it mostly right.
 
-So inside every GRPO group that has reward variance the correct responses are mostly worked (long)
+So inside every GRPO group with reward variance the correct responses are mostly worked (long)
 and the wrong ones mostly guesses (short), for as long as the policy still guesses at all: the
-sign-length gap lasts, and its size is set by ``verbosity`` (characters per worked line) and the
-number of operations. The mix after the warm start, and so the starting accuracy, is set by
-``worked_fraction``.
+sign-length gap lasts, and its size is set by ``verbosity`` (tokens per worked line) and the hop
+count. The mix after the warm start, and so the starting accuracy, is set by ``worked_fraction``.
 
 Records use the harness's canonical form ``{"id", "prompt", "answer"}``; the prompt is the user
-message only (the chat template is applied elsewhere). Test problems and training problems come
-from two fixed halves of the problem space (a hash of the problem, independent of any seed), so
-no training split and no warm-start batch can ever contain a test problem, whatever the seeds.
+message only (the chat template is applied elsewhere). Test problems come from a fixed eighth of
+the problem space (a hash of the prompt, independent of any seed) and training problems from the
+rest, so no training split and no warm-start batch can contain a test problem, whatever the seeds.
 """
 
 from __future__ import annotations
@@ -37,81 +37,69 @@ import random
 from dataclasses import dataclass
 
 BOX = "\\boxed{"
-
-# +a and -a for a in 1..9, and multiplication by the units of Z/10 other than 1: every operation
-# is a bijection of {0..9}, so a guess that skips the chain is right 1 time in 10.
-OPERATIONS: tuple[tuple[str, int], ...] = (
-    *(("+", a) for a in range(1, 10)),
-    *(("-", a) for a in range(1, 10)),
-    *(("*", a) for a in (3, 7, 9)),
-)
-
+NODES = "abcdefghijklmnopqrstuvwxyz"
+VERBOSITY_LEVELS = (0, 1, 2)
 # One in TEST_BUCKETS of all problems (by hash) is reserved for test splits.
 TEST_BUCKETS = 8
-VERBOSITY_LEVELS = (0, 1, 2)
 
 
-def apply_op(value: int, op: str, operand: int) -> tuple[int, int]:
-    """Return (full result, last digit) of ``value op operand``; the last digit is taken mod 10."""
-    if op == "+":
-        full = value + operand
-    elif op == "-":
-        full = value - operand
-    elif op == "*":
-        full = value * operand
-    else:
-        raise ValueError(f"unknown operation {op!r}; expected one of '+', '-', '*'")
-    return full, full % 10
+def is_test_prompt(prompt: str) -> bool:
+    """Whether a prompt belongs to the test part of the problem space (fixed, seedless)."""
+    digest = hashlib.blake2b(prompt.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % TEST_BUCKETS == 0
 
 
 @dataclass(frozen=True)
 class Problem:
-    """A start digit and distinct operations ``[(op, operand), ...]``."""
+    """A map ``((source, image), ...)`` (one cycle through its letters, listed by source), a start
+    letter and a hop count."""
 
-    start: int
-    ops: tuple[tuple[str, int], ...]
+    mapping: tuple[tuple[str, str], ...]
+    start: str
+    hops: int
 
     @property
     def prompt(self) -> str:
-        chain = " ".join(f"{op}{a}" for op, a in self.ops)
-        return f"Start at {self.start}, apply {chain} left to right; last digit?"
+        pairs = " ".join(f"{src}>{dst}" for src, dst in self.mapping)
+        return f"Map {pairs}. From {self.start}, apply it {self.hops} times."
+
+    def path(self) -> list[str]:
+        """The visited letters, start first: hops + 1 entries."""
+        image = dict(self.mapping)
+        out = [self.start]
+        for _ in range(self.hops):
+            out.append(image[out[-1]])
+        return out
 
     @property
     def answer(self) -> str:
-        value = self.start
-        for op, a in self.ops:
-            value = apply_op(value, op, a)[1]
-        return str(value)
+        return self.path()[-1]
 
     def is_test(self) -> bool:
-        """Whether this problem belongs to the test half of the problem space (fixed, seedless)."""
-        digest = hashlib.blake2b(self.prompt.encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "little") % TEST_BUCKETS == 0
+        return is_test_prompt(self.prompt)
 
     def guess_target(self) -> str:
         """The short answer style: the box alone."""
         return f"{BOX}{self.answer}}}"
 
     def worked_target(self, verbosity: int = 0) -> str:
-        """The long answer style: one line per operation, then the box.
+        """The long answer style: one line per hop, then the box.
 
-        verbosity 0: ``7+3=0``  (5 characters a line, plus the newline)
-        verbosity 1: ``7+3=10 -> 0``  (the full value, then its last digit)
-        verbosity 2: ``step 1: 7+3=10, last digit 0``
+        verbosity 0: ``1) a>c``  (6 characters a line, plus the newline)
+        verbosity 1: ``1) from a go to c``  (17 + 1)
+        verbosity 2: ``step 1: the map sends a to c``  (27 + 1)
         """
         if verbosity not in VERBOSITY_LEVELS:
             raise ValueError(f"verbosity must be one of {VERBOSITY_LEVELS}, got {verbosity!r}")
+        path = self.path()
         lines = []
-        value = self.start
-        for i, (op, a) in enumerate(self.ops, start=1):
-            full, last = apply_op(value, op, a)
+        for step, (src, dst) in enumerate(zip(path, path[1:], strict=False), start=1):
             if verbosity == 0:
-                lines.append(f"{value}{op}{a}={last}")
+                lines.append(f"{step}) {src}>{dst}")
             elif verbosity == 1:
-                lines.append(f"{value}{op}{a}={full} -> {last}")
+                lines.append(f"{step}) from {src} go to {dst}")
             else:
-                lines.append(f"step {i}: {value}{op}{a}={full}, last digit {last}")
-            value = last
+                lines.append(f"step {step}: the map sends {src} to {dst}")
         lines.append(self.guess_target())
         return "\n".join(lines)
 
@@ -120,40 +108,60 @@ class Problem:
 class TaskConfig:
     """Knobs of the task and of the warm-start answer mix.
 
-    min_ops/max_ops: operations per problem (uniform in the range); more operations make worked
-        answers longer and a little less accurate.
+    n_nodes: letters in the map (one cycle, so a blind guess is right 1 time in n_nodes - 1).
+    min_hops/max_hops: hops per problem (uniform in the range, at most 9 so labels are one digit);
+        more hops make worked answers longer.
     worked_fraction: share of worked answers in the warm-start data; the warmed-up policy copies
         this mix, so it sets the starting accuracy (about worked_fraction * worked accuracy +
-        (1 - worked_fraction) * 0.1).
-    verbosity: worked-line format (see ``Problem.worked_target``); sets the length gap.
+        (1 - worked_fraction) / (n_nodes - 1)).
+    verbosity: worked-line format (see ``Problem.worked_target``): the length gap per hop.
+    random_letters: draw the map's letters from a-z instead of using the first n_nodes letters.
+        The default (False) keeps each letter's pair at a fixed place in the prompt, which a tiny
+        model learns to look up in ~250 warm-start steps; random letters need content-based look-up,
+        which 500 steps did not teach (worked accuracy stayed ~18%). The price of fixed letters is
+        a small problem space: (n_nodes - 1)! * n_nodes * (max_hops - min_hops + 1) problems, 2160
+        by default (1/8 of them test problems).
     """
 
-    min_ops: int = 3
-    max_ops: int = 5
-    worked_fraction: float = 0.5
+    n_nodes: int = 6
+    min_hops: int = 3
+    max_hops: int = 5
+    worked_fraction: float = 0.35
     verbosity: int = 0
+    random_letters: bool = False
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_ops <= self.max_ops <= len(OPERATIONS):
+        if not 3 <= self.n_nodes <= len(NODES):
+            raise ValueError(f"n_nodes must be in [3, {len(NODES)}], got {self.n_nodes!r}")
+        if not 1 <= self.min_hops <= self.max_hops <= 9:
             raise ValueError(
-                f"need 1 <= min_ops <= max_ops <= {len(OPERATIONS)}, got min_ops={self.min_ops}, "
-                f"max_ops={self.max_ops}"
+                f"need 1 <= min_hops <= max_hops <= 9, got min_hops={self.min_hops}, max_hops={self.max_hops}"
             )
         if not 0.0 <= self.worked_fraction <= 1.0:
             raise ValueError(f"worked_fraction must be in [0, 1], got {self.worked_fraction!r}")
         if self.verbosity not in VERBOSITY_LEVELS:
             raise ValueError(f"verbosity must be one of {VERBOSITY_LEVELS}, got {self.verbosity!r}")
 
-    def max_response_chars(self) -> int:
-        """An upper bound on the tokens of a worked answer (without eos): size max_new_tokens by it."""
-        worst = Problem(start=9, ops=(("-", 9),) * self.max_ops)  # the widest line of every format
-        return len(worst.worked_target(self.verbosity)) + 2 * self.max_ops  # slack for "step 10:"
+    def max_response_tokens(self) -> int:
+        """Tokens of the longest worked answer, eos included: size max_new_tokens at least this."""
+        cycle = NODES[: self.n_nodes]
+        mapping = tuple((c, cycle[(i + 1) % self.n_nodes]) for i, c in enumerate(cycle))
+        longest = Problem(mapping=mapping, start="a", hops=self.max_hops)
+        return len(longest.worked_target(self.verbosity)) - len(BOX) + 1 + 1  # BOX is one token; eos
 
 
 def sample_problem(rng: random.Random, cfg: TaskConfig) -> Problem:
-    n_ops = rng.randint(cfg.min_ops, cfg.max_ops)
-    ops = tuple(rng.sample(OPERATIONS, n_ops))
-    return Problem(start=rng.randrange(10), ops=ops)
+    # One cycle through the letters: no hop count below n_nodes leads back to the start, and the
+    # answer is uniform over the other letters (no "answer = start" shortcut that shorter cycles
+    # would open).
+    letters = rng.sample(NODES, cfg.n_nodes) if cfg.random_letters else list(NODES[: cfg.n_nodes])
+    order = rng.sample(letters, cfg.n_nodes)
+    image = {src: order[(i + 1) % cfg.n_nodes] for i, src in enumerate(order)}
+    return Problem(
+        mapping=tuple(sorted(image.items())),
+        start=rng.choice(letters),
+        hops=rng.randint(cfg.min_hops, cfg.max_hops),
+    )
 
 
 def sample_problems(rng: random.Random, cfg: TaskConfig, n: int, *, test: bool) -> list[Problem]:
@@ -165,8 +173,8 @@ def sample_problems(rng: random.Random, cfg: TaskConfig, n: int, *, test: bool) 
         attempts += 1
         if attempts > 100 * n + 1000:
             raise ValueError(
-                f"could not draw {n} distinct {'test' if test else 'train'} problems with "
-                f"min_ops={cfg.min_ops}, max_ops={cfg.max_ops}: the space is too small; raise max_ops"
+                f"could not draw {n} distinct {'test' if test else 'train'} problems from {cfg}: "
+                "the problem space is too small; raise n_nodes or widen the hop range"
             )
         p = sample_problem(rng, cfg)
         if p.is_test() == test and p not in seen:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from trainer_support import metrics_rows, stable, write_cell
 
 from aggbench.tracking import SENTINEL, metric_history
+from trainer_support import metrics_rows, stable, write_cell
 
 STEPS, EVERY = 4, 2
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dp_fixture import fixed_batch, tiny_model
 
 from aggbench.aggregation import builtin_instances
 from aggbench.batching import pack
 from aggbench.update import LossSettings, accumulate_gradients, minibatch_weights
+from dp_fixture import fixed_batch, tiny_model
 
 
 def _run(micro: int, rule) -> tuple[float, list[torch.Tensor]]:

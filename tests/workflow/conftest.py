@@ -7,10 +7,12 @@ Snakemake's own state under .snakemake/ stays out of the repository).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,11 +42,17 @@ def _exe(name: str) -> str:
 def deep_merge(base: dict, over: dict) -> dict:
     out = copy.deepcopy(base)
     for k, v in over.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+        out[k] = (
+            deep_merge(out[k], v)
+            if isinstance(v, dict) and isinstance(out.get(k), dict)
+            else copy.deepcopy(v)
+        )
     return out
 
 
-def write_config(path: Path, over: dict | None = None, *, base: Path = SMOKE, drop: tuple[str, ...] = ()) -> Path:
+def write_config(
+    path: Path, over: dict | None = None, *, base: Path = SMOKE, drop: tuple[str, ...] = ()
+) -> Path:
     """A copy of `base` (the smoke config) with `over` merged in and top-level keys `drop`ped."""
     cfg = deep_merge(yaml.safe_load(base.read_text()), over or {})
     for key in drop:
@@ -82,27 +90,42 @@ def run(
     env: dict[str, str] | None = None,
     check: bool = True,
 ) -> subprocess.CompletedProcess:
-    """`snakemake ARGS` in `cwd`; on failure (with check) the assertion shows the output's tail."""
-    full_env = {**os.environ, **(env or {})}
+    """`snakemake ARGS` in `cwd`; on failure (with check) the assertion shows the output's tail.
+
+    Snakemake runs in its own process group, killed whole on a timeout or when the test is
+    interrupted, so no job it started outlives the test.
+    """
+    cmd = [_exe("snakemake"), *args]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            [_exe("snakemake"), *args],
-            cwd=cwd,
-            env=full_env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        err = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, err = proc.communicate()
         pytest.fail(f"snakemake {' '.join(args)} timed out after {timeout} s\n{(out + err)[-6000:]}")
-    if check and proc.returncode != 0:
+    finally:
+        _kill_group(proc)
+    done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    if check and done.returncode != 0:
         pytest.fail(
-            f"snakemake {' '.join(args)} exited {proc.returncode}\n"
-            f"--- stdout (tail)\n{proc.stdout[-4000:]}\n--- stderr (tail)\n{proc.stderr[-8000:]}"
+            f"snakemake {' '.join(args)} exited {done.returncode}\n"
+            f"--- stdout (tail)\n{out[-4000:]}\n--- stderr (tail)\n{err[-8000:]}"
         )
-    return proc
+    return done
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group of `proc` (Snakemake and the jobs it started), if any is left."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def job_counts(text: str) -> dict[str, int]:
@@ -154,7 +177,16 @@ def tiny_model(tmp_path_factory) -> Path:
     """The tiny model as `aggbench prepare-model` (the rule's command) builds it, with few steps."""
     out = tmp_path_factory.mktemp("wf-model") / "tiny"
     proc = subprocess.run(
-        [_exe("aggbench"), "prepare-model", "tiny", "--sft-steps", str(TEST_SFT_STEPS), "--out", str(out), "--quiet"],
+        [
+            _exe("aggbench"),
+            "prepare-model",
+            "tiny",
+            "--sft-steps",
+            str(TEST_SFT_STEPS),
+            "--out",
+            str(out),
+            "--quiet",
+        ],
         capture_output=True,
         text=True,
         timeout=600,

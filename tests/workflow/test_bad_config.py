@@ -72,7 +72,16 @@ def test_bad_config_starts_no_job_in_a_real_run(wf, tmp_path):
     path.write_text(yaml.safe_dump(cfg))
     results = tmp_path / "results"
     proc = wf.run(
-        ["-s", str(wf.SNAKEFILE), "--cores", "1", "--configfile", str(path), "--config", f"results_dir={results}"],
+        [
+            "-s",
+            str(wf.SNAKEFILE),
+            "--cores",
+            "1",
+            "--configfile",
+            str(path),
+            "--config",
+            f"results_dir={results}",
+        ],
         cwd=tmp_path,
         check=False,
     )

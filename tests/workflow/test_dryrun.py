@@ -36,7 +36,15 @@ def test_paper_grid_dry_run_lists_exactly_the_expected_jobs(wf, tmp_path):
 
     # ... and the same numbers as the grid module, which `aggbench grid check` prints
     grid = job_counts(load_experiment(wf.PAPER))
-    for rule in ("prepare_model", "prepare_data", "train", "generate", "grade", "generate_base", "grade_base"):
+    for rule in (
+        "prepare_model",
+        "prepare_data",
+        "train",
+        "generate",
+        "grade",
+        "generate_base",
+        "grade_base",
+    ):
         assert counts[rule] == grid[rule], rule
     assert counts["cell_config"] == grid["cells"]
 

@@ -8,6 +8,7 @@ and leave every training step in MLflow exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 CELL = "tiny__tiny__balanced__s0"
 
@@ -26,10 +27,8 @@ def _metric_steps(path) -> list[int]:
         return []
     steps = []
     for line in path.read_text().splitlines():
-        try:
+        with contextlib.suppress(json.JSONDecodeError, KeyError):  # a line being written
             steps.append(json.loads(line)["step"])
-        except (json.JSONDecodeError, KeyError):
-            pass  # a line being written
     return steps
 
 
@@ -59,14 +58,15 @@ def test_interrupted_dag_resumes_without_redoing_or_duplicating(wf, tmp_path, ti
     deadline = time.monotonic() + 420
     try:
         while True:
-            assert proc.poll() is None, "snakemake ended before it could be interrupted:\n" + (
-                tmp_path / "run1.log"
-            ).read_text()[-3000:]
+            assert proc.poll() is None, (
+                "snakemake ended before it could be interrupted:\n"
+                + (tmp_path / "run1.log").read_text()[-3000:]
+            )
             assert time.monotonic() < deadline, "no step-4 training within 7 minutes"
             # the step-4 job is running and has finished step 3 (a step past the last checkpoint)
-            if marker[2].exists() and (train_log / "step_4.log").exists():
-                if 3 in _metric_steps(run / "metrics.jsonl"):
-                    break
+            step4_started = marker[2].exists() and (train_log / "step_4.log").exists()
+            if step4_started and 3 in _metric_steps(run / "metrics.jsonl"):
+                break
             time.sleep(0.1)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)

@@ -1,0 +1,232 @@
+# Shared by every rule file: the grid (from aggbench.grid, the one place that expands it), the
+# paths of everything the workflow writes, each rule's resources, and the environment of jobs.
+# The config is already validated when this file is included (see the Snakefile).
+
+import hashlib
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+from aggbench import grid
+
+R = str(grid.results_dir(config)).rstrip("/") or "."  # every output lives under here
+CELLS = {c.id: c for c in grid.cells(config)}
+MODELS = list(config["models"])
+DATASETS = list(config["datasets"])
+BENCHMARKS = list(config["benchmarks"])
+CHECKPOINT_STEPS = {m: grid.checkpoint_steps(config, m) for m in MODELS}  # train segments end here
+EVAL_STEPS = {m: grid.eval_steps(config, m) for m in MODELS}  # ... and these are evaluated
+EVAL = config["evaluation"]
+BASE_EVAL = bool(EVAL.get("base_model", True))
+# what `aggbench report` writes under {R}/tables/ (plus plots/, declared as a directory)
+TABLES = [f"{t}.{ext}" for t in ("peak", "last") for ext in ("md", "csv", "tex")] + ["values.csv"]
+
+
+# No '/' in any wildcard; cell and model names may hold '.' (qwen2.5-math-7b__dapo17k__token__s0).
+wildcard_constraints:
+    cell=r"[A-Za-z0-9_.-]+",
+    model=r"[A-Za-z0-9_.-]+",
+    dataset=r"[A-Za-z0-9_-]+",
+    bench=r"[A-Za-z0-9_-]+",
+    step=r"\d+",
+
+
+# ---------------------------------------------------------------- job environment
+def _plugin_roots():
+    """Folders the plugins were imported from: a job's Python must find them wherever it runs.
+
+    A console script (`aggbench ...`) has its own bin/ on sys.path, not its working directory, and a
+    SLURM job may start elsewhere, so the folders are put on the jobs' PYTHONPATH explicitly.
+    """
+    roots = []
+    for spec in config.get("plugins", []):
+        if spec.endswith(".py"):
+            continue  # loaded by file path, no sys.path needed
+        loaded = sys.modules.get(spec)
+        where = getattr(loaded, "__file__", None)
+        if not where:
+            continue
+        root = Path(where).resolve().parent
+        if Path(where).name == "__init__.py":
+            root = root.parent
+        for _ in spec.split(".")[1:]:
+            root = root.parent
+        roots.append(str(root))
+    return roots
+
+
+def _pythonpath():
+    dirs = [str(Path(workflow.basedir).resolve()), os.getcwd(), *_plugin_roots()]
+    return ":".join(dict.fromkeys(dirs))
+
+
+# Every job's shell starts with ENV: `aggbench` is the one installed beside the Python running
+# Snakemake (a venv need not be activated), and plugins must import wherever the job runs.
+ENV = (
+    f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH "
+    f"PYTHONPATH={shlex.quote(_pythonpath())}${{PYTHONPATH:+:$PYTHONPATH}};"
+)
+# Every non-local job also runs offline: compute nodes often are, and the local rules
+# prepare_model and prepare_data fetched everything from the hub beforehand.
+JOB_ENV = f"{ENV} export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1;"
+
+
+# ---------------------------------------------------------------- resources
+# Used when neither config["resources"][rule] nor config["models"][m]["resources"][rule] sets a key.
+RESOURCE_FALLBACK = {"cpus": 1, "mem_mb": 4000, "runtime": 60, "gpus": 0}
+RULE_FALLBACK = {"grade": {"cpus": EVAL["workers"]}, "grade_base": {"cpus": EVAL["workers"]}}
+# The base model's jobs use the resources of their run-side twins.
+RESOURCE_SECTION = {"generate_base": "generate", "grade_base": "grade"}
+
+
+def _resource_value(rule_name, model, key):
+    section = RESOURCE_SECTION.get(rule_name, rule_name)
+    value = RULE_FALLBACK.get(rule_name, {}).get(key, RESOURCE_FALLBACK.get(key))
+    value = config.get("resources", {}).get(section, {}).get(key, value)
+    if model is not None:
+        model_res = config["models"][model].get("resources") or {}
+        value = model_res.get(section, {}).get(key, value)
+    return value
+
+
+def _resource_keys(rule_name):
+    section = RESOURCE_SECTION.get(rule_name, rule_name)
+    keys = set(RESOURCE_FALLBACK) | set(config.get("resources", {}).get(section, {}))
+    for m in MODELS:
+        keys |= set((config["models"][m].get("resources") or {}).get(section, {}))
+    return sorted(keys)
+
+
+def model_of_cell(wildcards):
+    try:
+        return CELLS[wildcards.cell].model
+    except KeyError:
+        raise ValueError(f"cell {wildcards.cell!r} is not in this grid (cells: {', '.join(CELLS)})") from None
+
+
+def model_of_wildcard(wildcards):
+    return wildcards.model
+
+
+def rule_threads(rule_name, model_of=None):
+    """threads: = the rule's `cpus` (a SLURM job's --cpus-per-task; capped by --cores locally)."""
+    return lambda wildcards: int(_resource_value(rule_name, model_of(wildcards) if model_of else None, "cpus"))
+
+
+def rule_resources(rule_name, model_of=None):
+    """resources: of a rule, per job: config["resources"][rule], overridden per model.
+
+    `gpus` becomes the SLURM plugin's `gpu` (dropped when 0), `cpus` becomes `cpus_per_task` (and
+    threads:, see rule_threads); every other key (slurm_partition, slurm_account, constraint,
+    slurm_extra, qos, ...) passes through to the executor unchanged.
+    """
+    out = {}
+    for key in _resource_keys(rule_name):
+        name = {"gpus": "gpu", "cpus": "cpus_per_task"}.get(key, key)
+
+        def value(wildcards, key=key):
+            v = _resource_value(rule_name, model_of(wildcards) if model_of else None, key)
+            if key == "gpus":
+                return int(v) if v else None
+            return v
+
+        out[name] = value
+    return out
+
+
+# ---------------------------------------------------------------- paths
+def run_dir(cell):
+    return f"{R}/runs/{cell}"
+
+
+def segment_marker(cell, step):
+    return f"{R}/runs/{cell}/segments/step_{step}.done"
+
+
+def model_dir(model):
+    return f"{R}/models/{model}"
+
+
+def data_file(dataset):
+    return f"{R}/data/{dataset}.jsonl"
+
+
+def train_markers():
+    return [segment_marker(c.id, s) for c in CELLS.values() for s in CHECKPOINT_STEPS[c.model]]
+
+
+def grade_outputs():
+    out = [
+        f"{R}/runs/{c.id}/eval/step_{s}/{b}.metrics.json"
+        for c in CELLS.values()
+        for s in EVAL_STEPS[c.model]
+        for b in BENCHMARKS
+    ]
+    if BASE_EVAL:
+        out += [f"{R}/base/{m}/eval/step_0/{b}.metrics.json" for m in MODELS for b in BENCHMARKS]
+    return out
+
+
+def report_outputs():
+    return [f"{R}/tables/{name}" for name in TABLES]
+
+
+def report_plots():
+    return f"{R}/tables/plots"
+
+
+# ---------------------------------------------------------------- arguments
+def prepare_model_args(model):
+    m = config["models"][model]
+    args = [m["source"]]
+    if m["source"] == "tiny":
+        if m.get("sft_steps") is not None:
+            args += ["--sft-steps", str(m["sft_steps"])]
+    elif m.get("revision") and not m.get("path"):
+        args += ["--revision", m["revision"]]
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def generate_args(model):
+    """Sampling options of `aggbench generate` (a change re-generates: they are params)."""
+    m = config["models"][model]
+    args = ["--engine", EVAL["engine"], "--batch-size", str(EVAL["batch_size"])]
+    for key, flag in (("limit", "--limit"), ("n", "--n"), ("max_tokens", "--max-tokens")):
+        if EVAL.get(key) is not None:
+            args += [flag, str(EVAL[key])]
+    if m.get("system_prompt"):
+        args += ["--system-prompt", m["system_prompt"]]
+    if m.get("enable_thinking") is not None:
+        args.append("--enable-thinking" if m["enable_thinking"] else "--no-enable-thinking")
+    if m.get("chat_template") is False:
+        args.append("--no-chat-template")
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def cell_signature(cell):
+    """Hash of a cell's resolved training config: cell.yaml is rewritten when it changes.
+
+    The `plugins` list is left out: adding a user's plugin (and its cells) must not rewrite, and so
+    re-run, the cells that do not use it.
+    """
+    cfg = grid.cell_train_config(config, cell).model_dump(mode="json")
+    cfg.pop("plugins", None)
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def experiment_json():
+    """The validated config (with --config overrides and schema defaults) as the report reads it."""
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def write_text_atomic(path, text):
+    """Write to a temporary name beside `path`, then rename: a killed job leaves no half file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)

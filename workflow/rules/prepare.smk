@@ -1,0 +1,81 @@
+# Local rules: they run where Snakemake runs (a login node), because compute nodes are often
+# offline. They fetch everything from the hub; every job after them runs with HF_HUB_OFFLINE=1.
+
+
+localrules:
+    prepare_model,
+    prepare_data,
+    experiment_config,
+    cell_config,
+
+
+rule prepare_model:
+    """The model directory: the built-in tiny model (warm-started), a hub snapshot, or a copy.
+
+    `aggbench prepare-model` builds it in DIR.tmp-<pid> and renames it, so a killed job leaves no
+    directory that looks finished.
+    """
+    output:
+        directory(f"{R}/models/{{model}}"),
+    log:
+        f"{R}/logs/prepare_model/{{model}}.log",
+    params:
+        args=lambda wildcards: prepare_model_args(wildcards.model),
+    threads: 2  # the tiny model's warm start (torch CPU threads); a hub download ignores it
+    shell:
+        "{ENV} export OMP_NUM_THREADS={threads}; "
+        "aggbench prepare-model {params.args} --out {output} --quiet > {log} 2>&1"
+
+
+rule prepare_data:
+    """A training dataset as canonical JSONL ($AGGBENCH_DATA_DIR overrides the hub)."""
+    output:
+        f"{R}/data/{{dataset}}.jsonl",
+    log:
+        f"{R}/logs/prepare_data/{{dataset}}.log",
+    params:
+        spec=lambda wildcards: config["datasets"][wildcards.dataset]["spec"],
+        limit=lambda wildcards: (
+            f"--limit {config['datasets'][wildcards.dataset]['limit']}"
+            if config["datasets"][wildcards.dataset].get("limit")
+            else ""
+        ),
+    shell:
+        "{ENV} aggbench prepare-data {params.spec:q} --out {output} {params.limit} > {log} 2>&1"
+
+
+rule experiment_config:
+    """The effective experiment (config file + --config overrides + schema defaults) as a file.
+
+    `aggbench ingest` and `aggbench report` read it, so they see exactly the grid that ran. It is
+    rewritten when the config changes (the params), which re-runs only the report.
+    """
+    output:
+        f"{R}/experiment.yaml",
+    log:
+        f"{R}/logs/experiment_config.log",
+    params:
+        experiment=experiment_json(),
+    run:
+        write_text_atomic(output[0], yaml.safe_dump(json.loads(params.experiment), sort_keys=False))
+        Path(log[0]).write_text(f"wrote {output[0]}\n")
+
+
+rule cell_config:
+    """One cell's resolved training config, the input of `aggbench train`.
+
+    Written in-process from the validated config (which includes --config overrides such as
+    results_dir); equivalent to `aggbench grid cell --config ... --cell ... --out ...`. Rewritten
+    only when this cell's own config changes (params.signature), so adding cells leaves the others
+    alone.
+    """
+    output:
+        f"{R}/runs/{{cell}}/cell.yaml",
+    log:
+        f"{R}/logs/cell_config/{{cell}}.log",
+    params:
+        signature=lambda wildcards: cell_signature(wildcards.cell),
+    run:
+        cfg = grid.cell_train_config(config, wildcards.cell)
+        write_text_atomic(output[0], yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        Path(log[0]).write_text(f"{wildcards.cell}: config {params.signature} -> {output[0]}\n")

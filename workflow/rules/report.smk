@@ -1,0 +1,25 @@
+# The report: `aggbench ingest` puts every run's files into MLflow (idempotent: training metrics
+# that a live sync already logged are not logged twice; evaluation metrics are added at their
+# training step), then `aggbench report` reads MLflow, checks it against the files, and writes the
+# peak and last-step tables (Markdown, CSV, LaTeX) and plots under results/tables/.
+
+
+rule report:
+    input:
+        experiment=f"{R}/experiment.yaml",
+        trained=train_markers(),
+        graded=grade_outputs(),
+    output:
+        report_outputs(),
+        directory(report_plots()),
+    log:
+        f"{R}/logs/report.log",
+    params:
+        out=f"{R}/tables",
+    threads: rule_threads("report")
+    resources:
+        **rule_resources("report"),
+    shell:
+        "{JOB_ENV} export OMP_NUM_THREADS={threads}; "
+        "( aggbench ingest --config {input.experiment} && "
+        "aggbench report --config {input.experiment} --out {params.out} ) > {log} 2>&1"
