@@ -116,8 +116,9 @@ def _train_locked(cfg: TrainConfig, out: Path, until_step: int | None, quiet: bo
         torch.set_num_threads(cfg.threads)
     a, s = cfg.algorithm, cfg.sampling
     last = min(until_step or a.total_steps, a.total_steps)
-    plugin_files = [Path(p) for p in cfg.plugins if p.endswith(".py")]
-    load_plugins(cfg.plugins, search_paths=[Path.cwd()])
+    loaded = load_plugins(cfg.plugins, search_paths=[Path.cwd()])
+    # the plugin's source is hashed into the run's tags, so a changed rule is visible in MLflow
+    plugin_files = [Path(f) for m in loaded if (f := getattr(sys.modules.get(m), "__file__", None))]
     rule = make_instance(cfg.aggregation.name, cfg.aggregation.rule, cfg.aggregation.params or None)
     if rule.rule == "constant" and rule.params.get("max_length") is None:
         rule = make_instance(rule.name, rule.rule, {**rule.params, "max_length": s.max_new_tokens})
