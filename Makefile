@@ -19,7 +19,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(if $(TORCH_SPEC),$(BIN)/pip install -q "$(TORCH_SPEC)" $(CONSTRAINTS))
 	$(BIN)/pip install -q -e ".[$(EXTRAS)]" $(CONSTRAINTS)
-	$(if $(ANCHORS),$(BIN)/pip install -q --no-deps "verl==0.9.1" && $(BIN)/pip install -q ray omegaconf codetiming "tensordict>=0.8,<=0.10.0,!=0.9.0" $(CONSTRAINTS))
+	if [ -n "$(ANCHORS)" ]; then \
+	    $(BIN)/pip install -q --no-deps "verl==0.9.1" && \
+	    $(BIN)/pip install -q ray omegaconf codetiming "tensordict>=0.8,<=0.10.0,!=0.9.0" $(CONSTRAINTS); \
+	fi
 	touch $@
 
 # pytest exits 5 when it collected no test: that is a broken suite, not a pass.
