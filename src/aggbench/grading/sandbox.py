@@ -181,6 +181,14 @@ def _warn_once(layers: Mapping[str, bool], reasons: Mapping[str, str]) -> None:
             log.warning("sandbox layer %r is unavailable here%s", name, f": {why}" if why else "")
 
 
+def _evalplus_guard_source() -> str | None:
+    path = _evalplus_guard_path()
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
 def _evalplus_guard_path() -> str | None:
     """evalplus/eval/utils.py, located without importing evalplus.eval (that pulls numpy, ~0.2 s)."""
     import importlib.util
@@ -358,7 +366,9 @@ def run_tests(
             "pidns": bool(ns_layers.get("pidns")),
             "tmpfs_mb": tmpfs_mb,
             "scratch": scratch,
-            "guard_path": _evalplus_guard_path() if guard else None,
+            # the guard's SOURCE travels in the spec: the runner may not see the file (the venv can
+            # live under /tmp, which the mount namespace replaces with a private tmpfs)
+            "guard_source": _evalplus_guard_source() if guard else None,
             "preload": list(preload),
         }
         spec_path = os.path.join(workdir, "spec.json")
@@ -616,15 +626,15 @@ def _set_limits(spec: dict) -> None:
         resource.setrlimit(lim, (soft, hard))
 
 
-def _load_guard(path: str | None):
-    """evalplus's reliability_guard, loaded from its file (its package __init__ imports numpy)."""
-    import importlib.util
+def _load_guard(source: str | None):
+    """evalplus's reliability_guard from the source of evalplus/eval/utils.py (stdlib imports only;
+    the package's __init__ imports numpy, so the module is executed on its own)."""
+    import types
 
-    if not path:
+    if not source:
         return None
-    spec = importlib.util.spec_from_file_location("_evalplus_eval_utils", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = types.ModuleType("_evalplus_eval_utils")
+    exec(compile(source, "evalplus/eval/utils.py", "exec"), module.__dict__)  # noqa: S102
     return module.reliability_guard
 
 
@@ -865,9 +875,9 @@ def _runner_main(spec_path: str, meta_fd: int) -> None:
         with contextlib.suppress(Exception):
             __import__(name)
     reliability_guard = None
-    if spec["guard_path"] is not None:
+    if spec["guard_source"] is not None:
         try:
-            reliability_guard = _load_guard(spec["guard_path"])
+            reliability_guard = _load_guard(spec["guard_source"])
         except Exception as exc:  # noqa: BLE001
             errors["guard"] = f"loading evalplus's reliability_guard failed: {exc!r}"
         layers["guard"] = reliability_guard is not None
