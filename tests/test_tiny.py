@@ -57,7 +57,7 @@ def untrained(tmp_path_factory) -> Path:
 def warm(tmp_path_factory) -> tuple[Path, list[float]]:
     """A briefly warm-started model and its per-step losses (shared by several tests)."""
     out = build_tiny_model(tmp_path_factory.mktemp("warm") / "model", seed=0)
-    losses = sft_warm_start(out, steps=40, batch_size=16, seed=0, progress=False)
+    losses = sft_warm_start(out, steps=30, batch_size=8, seed=0, progress=False)
     return out, losses
 
 
@@ -276,7 +276,7 @@ def test_warm_start_data_never_contains_test_problems_even_in_a_small_space():
 
 def test_warm_start_reduces_loss(warm):
     _, losses = warm
-    assert len(losses) == 40
+    assert len(losses) == 30
     first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
     assert first > 3.5  # near ln(vocab) = ln(106) ~ 4.7 at initialisation
     assert last < 0.6 * first
@@ -285,7 +285,7 @@ def test_warm_start_reduces_loss(warm):
 def test_warm_start_is_deterministic(tmp_path):
     def weights(name: str, seed: int) -> dict:
         d = build_tiny_model(tmp_path / name, seed=seed)
-        sft_warm_start(d, steps=3, batch_size=8, seed=seed, progress=False)
+        sft_warm_start(d, steps=2, batch_size=4, seed=seed, progress=False)
         model, _ = _load(d)
         return {k: v.clone() for k, v in model.state_dict().items()}
 

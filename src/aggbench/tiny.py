@@ -14,6 +14,16 @@ special tokens ``<|pad|> <|bos|> <|eos|> <|unk|> <|system|> <|user|> <|assistant
 conversation renders as ``<|bos|><|user|>TEXT<|eos|><|assistant|>``; the assistant's answer
 ends with ``<|eos|>``, where ``generate`` stops. Characters outside that set become ``<|unk|>``
 (the only case where encode/decode does not round-trip).
+
+Warm start (defaults: 500 steps of batch 16, lr 1e-3, worked answers only for the first half).
+Measured on the 2-core CI machine, which was shared with other jobs at the time (so wall times
+are upper bounds; one thread's CPU time for the whole build + warm start + probe was ~220 s):
+seed 0 (worked_fraction 0.5) and seed 1 (0.35) reached sampled accuracy 57% / 49% (temperature
+1, 32 test prompts x 8 samples), worked answers 99% right, guesses 22% / 24% (chance: 20%), and
+mean response length 26.1 / 22.2 tokens when correct vs 4.3 / 4.0 when incorrect (eos counted).
+The look-up that makes worked answers right forms abruptly after ~250-300 steps: a model warmed
+up for fewer steps answers near chance in both styles and has no length gap, so use one only to
+test plumbing.
 """
 
 from __future__ import annotations
@@ -243,9 +253,12 @@ def sample_responses(model, tokenizer, prompts: list[str], *, n_samples: int, ma
     """
     import torch
 
-    tokenizer.padding_side = "left"
     rendered = [render_prompt(tokenizer, p) for p in prompts for _ in range(n_samples)]
-    batch = tokenizer(rendered, add_special_tokens=False, padding=True, return_tensors="pt")
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        batch = tokenizer(rendered, add_special_tokens=False, padding=True, return_tensors="pt")
+    finally:
+        tokenizer.padding_side = side
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(
@@ -259,8 +272,12 @@ def sample_responses(model, tokenizer, prompts: list[str], *, n_samples: int, ma
             pad_token_id=tokenizer.pad_token_id,
         )
     response = out[:, batch["input_ids"].shape[1] :]  # [N, T_new]
-    not_pad = response != tokenizer.pad_token_id
-    lengths = not_pad.sum(dim=1).tolist()
+    # a finished row is its tokens up to and including the first eos (generate pads after it); an
+    # unfinished one ran to the full width
+    lengths = [
+        row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+        for row in response.tolist()
+    ]
     texts = tokenizer.batch_decode(response, skip_special_tokens=True)
     return texts, lengths
 
@@ -348,6 +365,8 @@ def build_and_warm_start(
         sft_warm_start(out_dir, steps=sft_steps, seed=seed, task=task, progress=progress) if sft_steps else []
     )
     facts: dict[str, Any] = {
+        "sft_batch_size": DEFAULT_SFT_BATCH,
+        "sft_lr": DEFAULT_SFT_LR,
         "sft_final_loss": round(losses[-1], 4) if losses else None,
         "sft_seconds": round(time.monotonic() - t0, 1),
         "max_response_tokens": task.max_response_tokens(),

@@ -160,9 +160,15 @@ def prepare_model(
             record["source"] = "huggingface_hub"
         record["seconds"] = round(time.monotonic() - t0, 1)
         (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
-        if out_dir.exists():  # only with --force (otherwise _check_existing returned or raised)
+        if out_dir.exists() and force:
             shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:
+            # another job finished the same directory while this one was building: keep theirs
+            # when it is the same request, fail as usual otherwise
+            if not _check_existing(out_dir, request, force=False):
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

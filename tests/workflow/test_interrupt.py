@@ -76,6 +76,7 @@ def test_interrupted_dag_resumes_without_redoing_or_duplicating(wf, tmp_path, ti
             proc.wait(timeout=30)
         log1.close()
     assert not marker[4].exists(), "the step-4 segment finished before the kill: nothing was interrupted"
+    assert not (run / "checkpoints" / "step_4").exists(), "killed only after the step-4 checkpoint"
     killed_at = _metric_steps(run / "metrics.jsonl")
     assert max(killed_at) in (3, 4), killed_at
     done2_mtime = marker[2].stat().st_mtime_ns

@@ -104,17 +104,17 @@ def test_length_gap_persists_to_the_last_step(wf, smoke_run):
 
 def test_token_weights_the_signs_unlike_balanced_on_the_same_batches(wf, smoke_run):
     """Every step logs every rule's per-sign weight on that step's batch. With binary rewards
-    balanced gives both signs the same total weight (ratio 1); token-mean favours the sign with
-    more tokens, here the longer, correct responses (ratio > 1)."""
+    balanced gives both signs the same total weight (ratio 1); token-mean weights each sign by its
+    token count, so with a length gap its ratio is not 1: the smoke grid compares rules that differ."""
     results, _, _ = smoke_run
     for cell in _cells(wf):
         rows = [r for r in _metrics(results, cell) if math.isfinite(r["agg/token/weight_ratio"])]
         assert rows, cell
         for r in rows:
             assert r["agg/balanced/weight_ratio"] == pytest.approx(1.0, abs=1e-6), (cell, r["step"])
-        last = rows[-1]
-        assert abs(last["agg/token/weight_ratio"] - last["agg/balanced/weight_ratio"]) > 0.01, (cell, last)
-        assert last["agg/token/weight_ratio"] > 1.0, (cell, last["agg/token/weight_ratio"])
+        differ = [abs(r["agg/token/weight_ratio"] - r["agg/balanced/weight_ratio"]) > 0.01 for r in rows]
+        assert differ[-1], (cell, "same weights at the last step", rows[-1]["agg/token/weight_ratio"])
+        assert sum(differ) >= len(differ) / 2, (cell, [r["agg/token/weight_ratio"] for r in rows])
 
 
 def test_mlflow_holds_the_diagnostics_once_per_step(wf, smoke_run):

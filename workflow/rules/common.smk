@@ -16,7 +16,6 @@ from aggbench import grid
 R = str(grid.results_dir(config)).rstrip("/") or "."  # every output lives under here
 CELLS = {c.id: c for c in grid.cells(config)}
 MODELS = list(config["models"])
-DATASETS = list(config["datasets"])
 BENCHMARKS = list(config["benchmarks"])
 CHECKPOINT_STEPS = {m: grid.checkpoint_steps(config, m) for m in MODELS}  # train segments end here
 EVAL_STEPS = {m: grid.eval_steps(config, m) for m in MODELS}  # ... and these are evaluated
