@@ -113,3 +113,8 @@ def test_interrupted_dag_resumes_without_redoing_or_duplicating(wf, tmp_path, ti
     for key in ("train/step", "loss/pg", "len/gap", "agg/balanced/weight_ratio"):
         steps = sorted(m.step for m in client.get_metric_history(run_id, key))
         assert steps == [1, 2, 3, 4, 5, 6], (key, steps)
+    # the step-6 evaluation, put in by the report's ingest, once
+    eval_keys = [k for k in client.get_run(run_id).data.metrics if k.startswith("eval/tiny_test/")]
+    assert eval_keys
+    for key in eval_keys:
+        assert [m.step for m in client.get_metric_history(run_id, key)] == [6], key
