@@ -209,6 +209,10 @@ def record_fields(spec: Any, record: Mapping[str, Any]) -> dict[str, Any]:
             "starter_code": record.get("starter_code") or "",
             "public_tests_only": bool(record.get("public_tests_only", False)),
         }
+    if spec.grader.name == "evalplus":  # the grader reloads the inputs through evalplus
+        return {
+            k: record[k] for k in ("entry_point", "evalplus_dataset", "evalplus_version", "evalplus_hash")
+        }
     out: dict[str, Any] = {"answer": record["answer"]}
     if record.get("grading"):
         out["grading"] = record["grading"]

@@ -96,6 +96,14 @@ def grade_rows(
 
     if grader == "tiny":
         return [_grade_tiny(r["response"], str(r["answer"])) for r in rows]
+    if grader == "evalplus":  # HumanEval+/MBPP+: threads driving sandboxes, ground truth shared
+        from aggbench.grading.evalplus_grader import EvalPlusError
+        from aggbench.grading.evalplus_grader import grade_rows as grade_evalplus_rows
+
+        try:
+            return grade_evalplus_rows(rows, workers=workers)
+        except EvalPlusError as exc:
+            raise EvaluationError(str(exc)) from None
     from aggbench.grading.pool import GradingPool
 
     if grader == "math":
@@ -104,7 +112,7 @@ def grade_rows(
         per_test = timeout_s or 6.0
         pool = GradingPool(workers=workers, timeout_s=per_test + _CODE_SLACK_S, preload=())
     else:
-        raise EvaluationError(f"unknown grader {grader!r}; valid: math, code, tiny")
+        raise EvaluationError(f"unknown grader {grader!r}; valid: math, code, tiny, evalplus")
     out: list[dict[str, Any]] = []
     show = progress and sys.stderr.isatty()
     with pool, tqdm(total=len(rows), desc=f"grade {grader}", unit="sample", disable=not show) as bar:
@@ -183,10 +191,11 @@ _METRIC = re.compile(r"^(avg|pass|maj)@([1-9][0-9]*)$")
 
 def metric_names(grader: str, n: int, spec_metrics: Sequence[str] = ()) -> list[str]:
     """avg@n, pass@1, pass@n, maj@n (not for code), plus the spec's metrics whose k fits in n."""
-    names = [f"avg@{n}", "pass@1", f"pass@{n}"] + ([f"maj@{n}"] if grader != "code" else [])
+    code = grader in ("code", "evalplus")  # no majority vote over programs
+    names = [f"avg@{n}", "pass@1", f"pass@{n}"] + ([f"maj@{n}"] if not code else [])
     for m in spec_metrics:
         match = _METRIC.match(m)
-        if match and int(match.group(2)) <= n and not (grader == "code" and match.group(1) == "maj"):
+        if match and int(match.group(2)) <= n and not (code and match.group(1) == "maj"):
             names.append(m)
     return list(dict.fromkeys(names))
 
@@ -267,7 +276,9 @@ def score_benchmark(
 
     spec = load_benchmark_spec(benchmark)
     grader = spec.grader.name
-    need = ("id", "response", "tests") if grader == "code" else ("id", "response", "answer")
+    need = {"code": ("id", "response", "tests"), "evalplus": ("id", "response", "evalplus_dataset")}.get(
+        grader, ("id", "response", "answer")
+    )
     rows = read_jsonl(samples_path, required=need)
     for lineno, r in enumerate(rows, 1):
         if r.get("benchmark", spec.name) != spec.name:
@@ -296,6 +307,7 @@ def score_benchmark(
     if grader == "code":
         metrics["public_tests_only"] = any(bool(r.get("public_tests_only")) for r in rows)
         metrics["notes"] = ["public tests only"] if metrics["public_tests_only"] else []
+    if grader in ("code", "evalplus"):
         metrics["sandbox_layers"] = next((v["layers"] for v in verdicts if v.get("layers")), {})
     out_path = Path(out_path)
     write_jsonl(out_path, graded)

@@ -7,11 +7,14 @@ canonical records::
 
     math: {"id", "prompt", "answer", ["grading"], ["meta"]}     # prompt = the raw problem text
     code: {"id", "prompt", "tests", "starter_code", "func_name", "date", "public_tests_only"}
+    evalplus: {"id", "prompt", "entry_point", "evalplus_dataset", "evalplus_hash", ...}
 
 ``prompt`` is always the raw problem; :meth:`BenchmarkSpec.render_prompt` applies the template.
 
 Data: ``$AGGBENCH_DATA_DIR/<offline_file>`` overrides the hub (compute nodes may be offline);
-otherwise ``datasets.load_dataset(hub.id, revision=hub.revision, split=hub.split)``.
+otherwise ``datasets.load_dataset(hub.id, revision=hub.revision, split=hub.split)``. HumanEval+ and
+MBPP+ (``evalplus:`` source, optional) load through evalplus's loaders instead
+(:mod:`aggbench.data.evalplus_source`; offline: ``HUMANEVAL_OVERRIDE_PATH`` / ``MBPP_OVERRIDE_PATH``).
 The shared machinery (strict models, config lookup, row sources) is in :mod:`aggbench.data.sources`.
 """
 
@@ -27,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from aggbench.data.evalplus_source import EvalPlusSource
 from aggbench.data.jsonl import DataError, get_field
 from aggbench.data.sources import (
     DATA_DIR_ENV,
@@ -97,6 +101,8 @@ class BenchmarkSpec(Strict):
     offline_join: OfflineJoin | None = None
     offline_public_tests_only: bool = False
     builtin: BuiltinSource | None = None
+    evalplus: EvalPlusSource | None = None  # HumanEval+/MBPP+ through evalplus's own loaders
+    optional: bool = False  # not in the paper's default list (configs/paper.yaml); extra dependencies
     fields: FieldMap | None = None
     answer_from: Literal["field", "boxed_in_solution"] = "field"
     answer_transform: Literal["none", "integer"] = "none"
@@ -125,13 +131,19 @@ class BenchmarkSpec(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> BenchmarkSpec:
-        if self.builtin is not None:
+        if (self.evalplus is not None) != (self.grader.name == "evalplus"):
+            raise ValueError("grader 'evalplus' and an `evalplus:` source (dataset, version) go together")
+        if self.evalplus is not None:
+            if self.hub or self.offline_file or self.builtin:
+                raise ValueError("evalplus excludes hub, offline_file and builtin")
+            self.fields = self.fields or FieldMap(id="task_id", prompt="prompt")
+        elif self.builtin is not None:
             if self.hub or self.offline_file:
                 raise ValueError("builtin excludes hub and offline_file")
             if self.fields is None:
                 self.fields = FieldMap(id="id", prompt="prompt", answer="answer")
         elif self.hub is None and self.offline_file is None:
-            raise ValueError("give at least one data source: hub, offline_file or builtin")
+            raise ValueError("give at least one data source: hub, offline_file, builtin or evalplus")
         if self.fields is None:
             raise ValueError("fields is required (the mapping to the canonical record)")
         for label, fields in (("fields", self.fields), ("hub.fields", self.hub and self.hub.fields)):
@@ -154,7 +166,7 @@ class BenchmarkSpec(Strict):
         return self._path
 
     @property
-    def task(self) -> Literal["math", "code", "tiny"]:
+    def task(self) -> Literal["math", "code", "tiny", "evalplus"]:
         return self.grader.name
 
     def with_date_window(self, start: date | str | None, end: date | str | None) -> BenchmarkSpec:
@@ -184,6 +196,8 @@ def _check_fields(label: str, fields: FieldMap, grader: str, answer_from: str) -
     if grader == "code":
         if not fields.tests:
             raise ValueError(f"{label}.tests is required for grader 'code'")
+    elif grader == "evalplus":
+        return  # the evalplus loader maps its own fields
     elif answer_from == "boxed_in_solution":
         if not fields.solution:
             raise ValueError(f"{label}.solution is required for answer_from: boxed_in_solution")
@@ -227,6 +241,11 @@ def load_benchmark(
     fields = spec.fields
     assert fields is not None  # set by the validator
     public_only = False
+    if spec.evalplus is not None:
+        from aggbench.data.evalplus_source import load_records
+
+        records, source = load_records(spec.evalplus, name=spec.name)
+        return BenchmarkRecords(records[:limit] if limit is not None else records, spec=spec, source=source)
     if spec.builtin is not None:
         rows, source = builtin_rows(spec.builtin), "builtin:tiny"
     elif path := offline_path(root, spec.offline_file, name=spec.name, has_hub=spec.hub is not None):

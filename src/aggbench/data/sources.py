@@ -100,7 +100,7 @@ class BuiltinSource(Strict):
 
 
 class Grader(Strict):
-    name: Literal["math", "code", "tiny"]
+    name: Literal["math", "code", "tiny", "evalplus"]
     options: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -197,6 +197,10 @@ def _explain(cls: type[BaseModel], exc: ValidationError) -> list[str]:
             lines.append(
                 f"unknown key {loc!r}.{did_you_mean(key, allowed)} Allowed keys{where}: {', '.join(allowed)}"
             )
+        elif err["type"] == "literal_error":  # e.g. grader.name: maht -> did you mean 'math'?
+            valid = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+            got = str(err["input"])
+            lines.append(f"{loc}: unknown value {got!r}.{did_you_mean(got, valid)} Valid: {', '.join(valid)}")
         else:
             lines.append(f"{loc or '(top level)'}: {err['msg']}")
     return lines

@@ -92,6 +92,7 @@ class SandboxResult:
     error_kind: str | None
     layers: dict[str, bool]
     output_truncated: bool = False
+    outputs: list[dict] | None = None  # harness "evalplus": {"out": i, "value"|"error"} per input run
     result_json: str | None = None  # call mode: JSON of the returned value
     exception: str | None = None  # e.g. "ZeroDivisionError: division by zero"
     elapsed_s: float = 0.0
@@ -237,7 +238,7 @@ def run_sandboxed(
 
 def run_tests(
     code: str,
-    cases: Sequence[str | Sequence[str]],
+    cases: Sequence[str | Sequence[str] | Mapping[str, Sequence]],
     *,
     timeout_s: float,
     memory_mb: int,
@@ -255,6 +256,7 @@ def run_tests(
     python: str | None = None,
     preload: Sequence[str] = ("numpy",),
     startup_slack_s: float = 15.0,
+    harness: str = "lcb",
 ) -> list[SandboxResult]:
     """Run ``code`` once per case, in order, in one sandbox; a fresh forked process per case.
 
@@ -268,7 +270,10 @@ def run_tests(
     ``preload``: modules imported before the guard when installed (LiveCodeBench's harness has
     numpy imported, so `import numpy` works there; after the guard numpy cannot import itself).
     ``drop_uid=None`` as root leaves the code uid 0 without capabilities, which still owns
-    root's files: for debugging only.
+    root's files: for debugging only. ``harness="evalplus"`` (needs ``call_method``, the function
+    name): each case is ``{"inputs": [args tuple, ...], "time_limits": [seconds, ...]}``; the code
+    runs once as evalplus runs it and the function is called on every input in order, each value
+    coming back in ``outputs`` (see :mod:`.sandbox_calls`); ``timeout_s`` bounds the whole case.
     """
     import shutil
     import subprocess
@@ -288,7 +293,18 @@ def run_tests(
             os.chmod(workdir, 0o711)
             os.chown(scratch, target_uid, target_uid)
         spec_cases = []
+        if harness not in ("lcb", "evalplus") or (harness == "evalplus" and not call_method):
+            raise ValueError(f"harness must be 'lcb' or 'evalplus' (with call_method), not {harness!r}")
         for i, case in enumerate(cases):
+            if harness == "evalplus":
+                from aggbench.grading.sandbox_calls import pack
+
+                inputs, limits = case["inputs"], [float(t) for t in case["time_limits"]]  # type: ignore[index]
+                if len(inputs) != len(limits):
+                    raise ValueError(f"case {i}: {len(inputs)} inputs but {len(limits)} time_limits")
+                spec_cases.append({"stdin_path": None, "args_json": [], "inputs": [pack(list(a)) for a in inputs],
+                                   "time_limits": limits})  # fmt: skip
+                continue
             if call_method is not None:
                 for j, arg in enumerate(case):
                     try:
@@ -324,6 +340,7 @@ def run_tests(
             # live under /tmp, which the mount namespace replaces with a private tmpfs)
             "guard_source": _evalplus_guard_source() if guard else None,
             "preload": list(preload),
+            "harness": harness,
         }
         spec_path = os.path.join(workdir, "spec.json")
         with open(spec_path, "w") as fh:
@@ -427,13 +444,21 @@ def _to_result(rec: dict, spec: dict, layers: dict, reasons: dict, run_id: str) 
         kind = "timeout"
     elif not rec.get("layers"):  # the child died in set-up, before the code ran
         kind = "sandbox_error"
-    elif status and status.get("kind") in ("syntax_error", "runtime_error", "memory", "output_limit"):
+    elif status and status.get("kind") in (
+        "syntax_error",
+        "runtime_error",
+        "memory",
+        "output_limit",
+        "timeout",
+    ):
         kind = status["kind"]
     elif sig is not None:
         kind = "killed"
     elif status is None and code != 0:
         kind = "runtime_error"
-    elif spec["call_method"] and (status is None or status.get("value") is None):
+    elif spec["call_method"] and (
+        status is None or (spec["harness"] == "lcb" and status.get("value") is None)
+    ):
         kind = "runtime_error"  # exited (os._exit, exit()) before returning a value
     else:
         kind = None
@@ -447,6 +472,7 @@ def _to_result(rec: dict, spec: dict, layers: dict, reasons: dict, run_id: str) 
         layers=layers,
         output_truncated=bool(rec.get("overflow")),
         result_json=(status or {}).get("value"),
+        outputs=rec.get("outputs") if spec["harness"] == "evalplus" else None,
         exception=(status or {}).get("exception"),
         elapsed_s=rec.get("elapsed", 0.0),
         run_id=run_id,

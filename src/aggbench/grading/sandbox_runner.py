@@ -191,6 +191,19 @@ def _set_limits(spec: dict) -> None:
         resource.setrlimit(lim, (soft, hard))
 
 
+_CALLS: list = []  # the harness module for harness "evalplus" (sandbox_calls.py), once loaded
+
+
+def _load_sibling(name: str):
+    """A module of this directory, loaded by path (``-I`` leaves this directory off sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(__file__), f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
 def _load_guard(source: str | None):
     """evalplus's reliability_guard from the source of evalplus/eval/utils.py (stdlib imports only;
     the package's __init__ imports numpy, so the module is executed on its own)."""
@@ -242,36 +255,46 @@ def _child(spec: dict, case: dict, status_w: int, reliability_guard) -> None:
 
     write, exit_now, dumps = os.write, os._exit, json.dumps
 
+    def send(obj: dict) -> None:  # one line on the status pipe (a value dumps cannot take raises)
+        data = b"\n" + dumps(obj).encode() + b"\n"
+        with contextlib.suppress(OSError):
+            while data:
+                data = data[write(status_w, data) :]
+
     def report(status: dict, code: int) -> None:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-        data = b"\n" + dumps(status).encode() + b"\n"
-        with contextlib.suppress(OSError):
-            while data:
-                data = data[write(status_w, data) :]
+        send(status)
         exit_now(code)
 
     try:
         compiled = compile(spec["code"], "<solution>", "exec")
     except (SyntaxError, ValueError) as exc:
         report({"kind": "syntax_error", "exception": f"{type(exc).__name__}: {exc}"[:2000]}, 1)
-    args = [json.loads(a) for a in case["args_json"]]
-    sys.setrecursionlimit(LCB_RECURSION_LIMIT)
-    with contextlib.suppress(AttributeError):
-        sys.set_int_max_str_digits(LCB_INT_MAX_STR_DIGITS)
-    if reliability_guard is not None:
-        _apply_guard(reliability_guard)
+    evalplus = spec.get("harness") == "evalplus"
     namespace: dict[str, Any] = {}
-    for name in LCB_STAR_MODULES:
-        module = sys.modules[name]
-        public = getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]
-        namespace.update({n: getattr(module, n) for n in public if hasattr(module, n)})
-    namespace.update({name: sys.modules[name] for name in LCB_PLAIN_MODULES})
-    namespace.update(
-        __name__="__main__" if spec["call_method"] is None else "solution", __builtins__=builtins
-    )
+    if evalplus:  # evalplus's own set-up: an empty namespace, default limits, the guard as it is
+        if reliability_guard is not None:
+            reliability_guard(None)
+    else:
+        args = [json.loads(a) for a in case["args_json"]]
+        sys.setrecursionlimit(LCB_RECURSION_LIMIT)
+        with contextlib.suppress(AttributeError):
+            sys.set_int_max_str_digits(LCB_INT_MAX_STR_DIGITS)
+        if reliability_guard is not None:
+            _apply_guard(reliability_guard)
+        for name in LCB_STAR_MODULES:
+            module = sys.modules[name]
+            public = getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]
+            namespace.update({n: getattr(module, n) for n in public if hasattr(module, n)})
+        namespace.update({name: sys.modules[name] for name in LCB_PLAIN_MODULES})
+        namespace.update(
+            __name__="__main__" if spec["call_method"] is None else "solution", __builtins__=builtins
+        )
     try:
+        if evalplus:
+            report(*_CALLS[0].call_each(compiled, spec["call_method"], case, namespace, send))
         exec(compiled, namespace)
         if spec["call_method"] is not None:
             if "Solution" not in namespace:
@@ -379,6 +402,9 @@ def _run_case(libc, spec: dict, case: dict, stdin_fd: int, cwd: str, meta_fd: in
     lines = [ln for ln in bytes(bufs[st_r]).split(b"\n") if ln.strip()]
     first = _json_or_none(lines[0]) if lines else None
     status = _json_or_none(lines[-1]) if len(lines) > 1 else None
+    outputs = [r for r in map(_json_or_none, lines[1:-1]) if isinstance(r, dict) and "out" in r]
+    if isinstance(status, dict) and "out" in status:  # ended (killed) right after an output line
+        outputs.append(status)
     stderr = bufs[err_r].decode(errors="replace")
     return {
         "stdout": bufs[out_r].decode(errors="replace"),
@@ -390,6 +416,7 @@ def _run_case(libc, spec: dict, case: dict, stdin_fd: int, cwd: str, meta_fd: in
         "elapsed": time.monotonic() - start,
         "layers": first.get("layers", {}) if isinstance(first, dict) else {},
         "status": status if isinstance(status, dict) and "kind" in status else None,
+        "outputs": outputs,
     }
 
 
@@ -430,6 +457,8 @@ def _runner_main(spec_path: str, meta_fd: int) -> None:
     errors: dict[str, str] = {}
     # the test inputs live under the real /tmp, which the private tmpfs is about to hide
     stdin_fds = [os.open(c["stdin_path"] or os.devnull, os.O_RDONLY) for c in spec["cases"]]
+    if spec.get("harness") == "evalplus":  # read now: the private /tmp may hide this directory
+        _CALLS.append(_load_sibling("sandbox_calls"))
     tmp_mounted = False
     if spec["mountns"]:
         tmp_mounted, layers["private_tmp"] = _private_dirs(libc, spec, errors)
