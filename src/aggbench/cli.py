@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ingest": ("aggbench.report_cli:ingest_command", "Put run files into MLflow (idempotent)."),
     "report": ("aggbench.report_cli:report_command", "Peak and last-step tables and plots from MLflow."),
     "crosscheck": ("aggbench.lmeval_check", "Cross-check generations and verdicts with lm-eval."),
+    "plan": ("aggbench.plan_cli", "Cost of a grid before submitting: GPU-hours, memory per GPU, jobs."),
 }
 
 
