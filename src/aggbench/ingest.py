@@ -151,16 +151,18 @@ def sources(exp: dict) -> list[Source]:
 # --------------------------------------------------------------------------- ingest
 
 
-def open_run(uri: str, experiment: str, cell_id: str, run_dir: Path) -> MlflowRun:
+def open_run(uri: str, experiment: str, cell_id: str, run_dir: Path | None) -> MlflowRun:
     """``MlflowRun``, dropping a ``mlflow_run.json`` that names a run the store no longer has
-    (the database was deleted and is being rebuilt from the files, or the run was deleted)."""
+    (the database was deleted and is being rebuilt from the files, or the run was deleted);
+    ``run_dir=None``: no marker file, the run is found by its tag."""
     run = MlflowRun(uri, experiment, cell_id, run_dir)
     try:
         alive = run.client.get_run(run.run_id).info.lifecycle_stage == "active"
     except Exception:  # RESOURCE_DOES_NOT_EXIST
         alive = False
     if not alive:
-        (Path(run_dir) / "mlflow_run.json").unlink(missing_ok=True)
+        if run_dir is not None:
+            (Path(run_dir) / "mlflow_run.json").unlink(missing_ok=True)
         run = MlflowRun(uri, experiment, cell_id, run_dir)
     return run
 

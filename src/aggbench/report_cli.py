@@ -8,8 +8,9 @@
 committed files that MLflow lacks or holds differently is listed and the command exits 1, writing
 nothing, unless --allow-mismatch (then the affected rows are flagged in the tables). It then writes
 OUT/{peak,last}.{md,csv,tex}, OUT/values.csv (the tidy table) and OUT/plots/*.png, and logs them
-as artifacts of the summary MLflow run `{experiment}__summary` (one run, its artifacts replaced on
-every report; OUT/mlflow_run.json remembers its id).
+as artifacts of the summary MLflow run `{experiment}__summary` (one run, found by its tag, its
+artifacts replaced on every report). Nothing else is written under OUT: it is exactly the
+Snakemake `report` rule's declared outputs.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
         from aggbench.plots import plot_all
 
         plots = plot_all(col, out / "plots")
-    run_id = log_summary(uri, exp["experiment"], out, paths, plots)
+    run_id = log_summary(uri, exp["experiment"], paths, plots)
     for p in [*paths, *plots]:
         click.echo(str(p))
     click.echo(f"summary MLflow run {run_id} ({exp['experiment']}__summary)")
@@ -147,13 +148,13 @@ def _local_path(uri: str) -> Path | None:
     return None
 
 
-def log_summary(uri: str, experiment: str, out: Path, tables: list[Path], plots: list[Path]) -> str:
+def log_summary(uri: str, experiment: str, tables: list[Path], plots: list[Path]) -> str:
     """Log tables and plots to the run ``{experiment}__summary``, replacing its earlier artifacts
     (deleted first where the artifact store is a local directory; overwritten elsewhere)."""
     from aggbench.ingest import open_run, summary_id
     from aggbench.tracking import _retry
 
-    run = open_run(uri, experiment, summary_id(experiment), out)
+    run = open_run(uri, experiment, summary_id(experiment), None)  # no marker file under out/
     client = run.client
     run.set_tags({"aggbench.kind": "summary"})
     local = _local_path(client.get_run(run.run_id).info.artifact_uri)

@@ -122,16 +122,20 @@ def init_store(uri: str) -> Any:
 
 
 class MlflowRun:
-    """One MLflow run per cell: found by the ``aggbench.cell_id`` tag, created once, reused on resume."""
+    """One MLflow run per cell: found by the ``aggbench.cell_id`` tag, created once, reused on resume.
 
-    def __init__(self, tracking_uri: str, experiment: str, cell_id: str, run_dir: Path) -> None:
+    ``run_dir/mlflow_run.json`` caches the run id; with ``run_dir=None`` nothing is written and the
+    run is found by its tag every time (the report's summary run: its output folder holds tables only).
+    """
+
+    def __init__(self, tracking_uri: str, experiment: str, cell_id: str, run_dir: Path | None) -> None:
         import mlflow
 
         self.mlflow = mlflow
         self.uri = tracking_uri
         self.client = init_store(tracking_uri)
         self.cell_id = cell_id
-        self.run_dir = Path(run_dir)
+        self.run_dir = None if run_dir is None else Path(run_dir)
         self.experiment_id = _retry(self._experiment, experiment)
         self.run_id = _retry(self._find_or_create)
 
@@ -151,8 +155,8 @@ class MlflowRun:
             return exp.experiment_id
 
     def _find_or_create(self) -> str:
-        marker = self.run_dir / "mlflow_run.json"
-        if marker.exists():
+        marker = None if self.run_dir is None else self.run_dir / "mlflow_run.json"
+        if marker is not None and marker.exists():
             saved = json.loads(marker.read_text())
             if saved.get("tracking_uri") == self.uri:
                 return saved["run_id"]
@@ -166,8 +170,9 @@ class MlflowRun:
                 self.experiment_id, run_name=self.cell_id, tags={"aggbench.cell_id": self.cell_id}
             )
             run_id = run.info.run_id
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"tracking_uri": self.uri, "run_id": run_id}))
+        if marker is not None:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(json.dumps({"tracking_uri": self.uri, "run_id": run_id}))
         return run_id
 
     def set_tags(self, tags: dict[str, Any]) -> None:

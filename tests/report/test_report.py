@@ -208,6 +208,9 @@ def test_summary_run_holds_the_artifacts_and_is_replaced_not_duplicated(reported
     )
     assert arts["tables"] == want
     assert len(arts["plots"]) == 4
+    # OUT holds exactly what the Snakemake `report` rule declares (TABLES and plots/ in
+    # workflow/rules/common.smk); no mlflow_run.json marker for the summary run
+    assert sorted(p.name for p in out.iterdir()) == sorted([w.split("/", 1)[1] for w in want] + ["plots"])
     res = CliRunner().invoke(report_command, ["--config", str(config), "--out", str(out), "--no-plots"])
     assert res.exit_code == 0, res.output
     run_id2, arts2 = summary()
