@@ -369,6 +369,8 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch):
         return datasets.Dataset.from_list(tables[name if data_files is None else path])
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    # hub metadata: a branch resolves to this commit (no network in tests)
+    monkeypatch.setattr("aggbench.data.sources.resolve_revision", lambda hub: "a" * 40)
     return calls, tables
 
 
@@ -376,8 +378,10 @@ def test_hub_configs_are_concatenated_and_unpinned_revision_warns(fake_hub) -> N
     calls, tables = fake_hub
     tables["AIME2025-I"] = [{"question": "q1", "answer": "070", "extra": 1}]
     tables["AIME2025-II"] = [{"question": "q2", "answer": "5", "extra": 2}]
-    with pytest.warns(UserWarning, match="'main' of opencompass/AIME2025 is not a pinned commit"):
+    with pytest.warns(UserWarning, match="'main' of opencompass/AIME2025 is not a pinned commit") as rec:
         records = load_benchmark("aime25")
+    # the warning names today's commit so the user pins it in one edit
+    assert any(f"put `revision: {'a' * 40}` in its spec" in str(w.message) for w in rec)
     assert calls == [
         ("opencompass/AIME2025", "AIME2025-I", "main", "test", None),
         ("opencompass/AIME2025", "AIME2025-II", "main", "test", None),

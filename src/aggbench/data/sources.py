@@ -293,6 +293,21 @@ def _squash(value: Any) -> str:
     return " ".join(str(value).split())
 
 
+def resolve_revision(hub: HubSource) -> str | None:
+    """The commit a branch revision points at now (hub metadata only), or None when unreachable.
+
+    The shipped specs say `main` where no commit hash could be read offline; the first online load
+    names the commit so a user pins it in one edit."""
+    try:
+        from huggingface_hub import HfApi, constants
+
+        if constants.HF_HUB_OFFLINE:
+            return None
+        return HfApi().dataset_info(hub.id, revision=hub.revision).sha
+    except Exception:  # offline, rate-limited, gated: the warning still says the revision is a branch
+        return None
+
+
 def hub_rows(
     hub: HubSource,
     *,
@@ -307,8 +322,10 @@ def hub_rows(
     ``columns`` (top-level names) restricts the columns read, which matters for DAPO's 1.79M rows.
     """
     if not hub.pinned:
+        sha = resolve_revision(hub)
         warnings.warn(
-            f"{name}: hub revision {hub.revision!r} of {hub.id} is not a pinned commit; the data may change",
+            f"{name}: hub revision {hub.revision!r} of {hub.id} is not a pinned commit; the data may change"
+            + (f". It resolves to {sha} today: put `revision: {sha}` in its spec to pin it" if sha else ""),
             stacklevel=3,
         )
     where = f"hf://datasets/{hub.id}@{hub.revision} split={hub.split} row"
