@@ -11,7 +11,9 @@ The files are the source of truth; MLflow is fed from them::
 
 Every file is written to a temporary name and renamed into place, so a crash never leaves a
 half-written one. torch, transformers and the graders are imported inside the functions that need
-them: importing this module is cheap (the CLI stays fast).
+them: importing this module is cheap (the CLI stays fast). Scoring lives in ``aggbench.scoring``
+and the MLflow logging of the metrics in ``aggbench.eval_tracking``; their public names are
+importable from here too.
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from aggbench.eval_tracking import (  # noqa: F401  (re-exported: callers import them from here)
+    eval_metric_values,
+    log_eval_metrics,
+    mlflow_key,
+)
 from aggbench.scoring import (  # noqa: F401  (re-exported: callers import them from here)
     EvaluationError,
     compute_metrics,
@@ -393,61 +400,6 @@ def _versions() -> dict[str, str]:
     from aggbench import __version__
 
     return {"aggbench": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
-
-
-def mlflow_key(benchmark: str, name: str) -> str:
-    """``eval/{benchmark}/{name}`` with ``@`` spelled ``_at_`` (MLflow refuses ``@`` in metric names)."""
-    return f"eval/{benchmark}/{name.replace('@', '_at_')}"
-
-
-def eval_metric_values(benchmark: str, metrics: Mapping[str, Any]) -> dict[str, float]:
-    """The MLflow metrics of one benchmark: every avg@/pass@/maj@ value, the CI of avg@n, lengths."""
-    out = {mlflow_key(benchmark, m): float(metrics[m]) for m in metrics.get("metrics", []) if m in metrics}
-    for name in ("ci_low", "ci_high", "mean_length", "truncation_rate"):
-        if metrics.get(name) is not None:
-            out[mlflow_key(benchmark, name)] = float(metrics[name])
-    return out
-
-
-def log_eval_metrics(
-    run_dir: str | Path,
-    cell_id: str,
-    step: int,
-    metrics_by_benchmark: Mapping[str, Mapping[str, Any]],
-    tracking_uri: str | None = None,
-    experiment: str = "aggbench",
-) -> dict[str, Any]:
-    """Log evaluation metrics to the cell's MLflow run at training ``step``, idempotently.
-
-    A key that already has a value at ``step`` (read through ``metric_history``) is skipped, so
-    re-running never stores a second value; the rest go in one ``log_batch`` call. Returns
-    ``{"logged": [keys], "skipped": [keys], "run_id": str}``.
-    """
-    from mlflow.entities import Metric
-
-    from aggbench.tracking import MlflowRun, _retry, metric_history, resolve_tracking_uri
-
-    run = MlflowRun(resolve_tracking_uri(tracking_uri, Path(run_dir)), experiment, cell_id, Path(run_dir))
-    values: dict[str, float] = {}
-    tags: dict[str, str] = {}
-    for bench, metrics in metrics_by_benchmark.items():
-        values.update(eval_metric_values(bench, metrics))
-        if metrics.get("public_tests_only"):
-            tags[f"eval/{bench}/notes"] = "public tests only"
-    logged, skipped = [], []
-    now = int(time.time() * 1000)
-    batch = []
-    for key, value in values.items():
-        if step in metric_history(run.client, run.run_id, key):
-            skipped.append(key)
-        else:
-            batch.append(Metric(key, value, now, int(step)))
-            logged.append(key)
-    for i in range(0, len(batch), 1000):
-        _retry(run.client.log_batch, run.run_id, metrics=batch[i : i + 1000])
-    if tags:
-        run.set_tags(tags)
-    return {"logged": logged, "skipped": skipped, "run_id": run.run_id}
 
 
 # --------------------------------------------------------------------------- evaluate

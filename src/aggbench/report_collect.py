@@ -112,7 +112,7 @@ def metric_name(benchmark: str, metric: str, exp: dict) -> str:
 
 def metric_key(benchmark: str, metric: str, exp: dict) -> str:
     """MLflow key of ``metric`` for one benchmark (see ``metric_name``)."""
-    from aggbench.evaluate import mlflow_key
+    from aggbench.eval_tracking import mlflow_key
 
     return mlflow_key(benchmark, metric_name(benchmark, metric, exp))
 

@@ -1,0 +1,68 @@
+"""Evaluation metrics -> the cell's MLflow run, at the training step of the checkpoint.
+
+``eval/{benchmark}/{metric}`` keys (``@`` spelled ``_at_``), logged idempotently: a key that already
+has a value at the step is skipped. ``aggbench evaluate`` logs live; ``aggbench ingest`` replays the
+metrics.json files through the same function.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def mlflow_key(benchmark: str, name: str) -> str:
+    """``eval/{benchmark}/{name}`` with ``@`` spelled ``_at_`` (MLflow refuses ``@`` in metric names)."""
+    return f"eval/{benchmark}/{name.replace('@', '_at_')}"
+
+
+def eval_metric_values(benchmark: str, metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The MLflow metrics of one benchmark: every avg@/pass@/maj@ value, the CI of avg@n, lengths."""
+    out = {mlflow_key(benchmark, m): float(metrics[m]) for m in metrics.get("metrics", []) if m in metrics}
+    for name in ("ci_low", "ci_high", "mean_length", "truncation_rate"):
+        if metrics.get(name) is not None:
+            out[mlflow_key(benchmark, name)] = float(metrics[name])
+    return out
+
+
+def log_eval_metrics(
+    run_dir: str | Path,
+    cell_id: str,
+    step: int,
+    metrics_by_benchmark: Mapping[str, Mapping[str, Any]],
+    tracking_uri: str | None = None,
+    experiment: str = "aggbench",
+) -> dict[str, Any]:
+    """Log evaluation metrics to the cell's MLflow run at training ``step``, idempotently.
+
+    A key that already has a value at ``step`` (read through ``metric_history``) is skipped, so
+    re-running never stores a second value; the rest go in one ``log_batch`` call. Returns
+    ``{"logged": [keys], "skipped": [keys], "run_id": str}``.
+    """
+    from mlflow.entities import Metric
+
+    from aggbench.tracking import MlflowRun, _retry, metric_history, resolve_tracking_uri
+
+    run = MlflowRun(resolve_tracking_uri(tracking_uri, Path(run_dir)), experiment, cell_id, Path(run_dir))
+    values: dict[str, float] = {}
+    tags: dict[str, str] = {}
+    for bench, metrics in metrics_by_benchmark.items():
+        values.update(eval_metric_values(bench, metrics))
+        if metrics.get("public_tests_only"):
+            tags[f"eval/{bench}/notes"] = "public tests only"
+    logged, skipped = [], []
+    now = int(time.time() * 1000)
+    batch = []
+    for key, value in values.items():
+        if step in metric_history(run.client, run.run_id, key):
+            skipped.append(key)
+        else:
+            batch.append(Metric(key, value, now, int(step)))
+            logged.append(key)
+    for i in range(0, len(batch), 1000):
+        _retry(run.client.log_batch, run.run_id, metrics=batch[i : i + 1000])
+    if tags:
+        run.set_tags(tags)
+    return {"logged": logged, "skipped": skipped, "run_id": run.run_id}
