@@ -15,10 +15,12 @@ Mapping (batch scope; N sequences, L_max the configured maximum response length)
     constant        seq-mean-token-sum-norm (verl >= 0.7.1)     dr_grpo
     N * constant    seq-mean-token-sum-norm (verl <= 0.6.1)     -
 
-The anchors are reimplemented here from the cited sources (a few lines each) so the suite runs
-without verl; ``test_verl_installed_agg_loss_matches`` calls the real verl functions when verl
-is importable. TRL has no standalone loss function (the aggregation lives inside
+The anchors are reimplemented from the cited sources (a few lines each, in tests/anchor_refs.py) so
+the suite runs without verl; ``test_verl_installed_agg_loss_matches`` calls the real verl functions
+when verl is importable. TRL has no standalone loss function (the aggregation lives inside
 ``GRPOTrainer._compute_loss``), so its lines are reimplemented and cited.
+
+Gradient accumulation and empty responses: test_anchors_micro_batch.py.
 """
 
 from __future__ import annotations
@@ -29,157 +31,23 @@ from fractions import Fraction
 import pytest
 import torch
 
-from aggbench.aggregation import RuleInstance, mask_from_lengths
-from aggbench.objective import pg_loss
-
-EPS_LOW, EPS_HIGH, DUAL_CLIP = 0.2, 0.28, 3.0
-SEEDS = [0, 1, 2, 3, 4, 5]
-
-
-# ============================================================================ anchors, from source
-# --- TRL 1.16.0, trl/trainer/grpo_trainer.py (installed copy; GRPOTrainer._compute_loss) --------
-# L3083-3095: log_ratio = logp - old_logp; coef_1 = exp(log_ratio) (importance_sampling_level="token")
-# L3112-3120: coef_2 = clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high);
-#             per_token_loss = -min(coef_1 * A, coef_2 * A)  (args.delta=None: no two-sided clip)
-# L3153-3175: the aggregation per loss_type (below). L2498: num_items_in_batch is the loss-mask
-# token count of the whole generation batch, gathered over processes. L285:
-# loss_is_scaled_for_ga = True, so transformers' Trainer does not divide again: the accumulated
-# gradient is the SUM of the micro-batch losses returned here.
-# The same grpo / bnpo / dr_grpo formulas (without the /grad_accum and without dapo) are at
-# huggingface/trl commit d2b69d769dab6f77acbfd33252bcd7d22765571b, same file, _compute_loss.
-
-
-def trl_per_token_loss(logp, old_logp, adv, eps_low=EPS_LOW, eps_high=EPS_HIGH):
-    """TRL's clipped per-token loss. logp, old_logp: [B, T]; adv: [B] -> [B, T]."""
-    coef_1 = torch.exp(logp - old_logp)
-    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
-    a = adv.unsqueeze(1)
-    return -torch.min(coef_1 * a, coef_2 * a)
-
-
-def trl_loss(
-    per_token_loss,
-    mask,
-    loss_type,
-    *,
-    max_completion_length,
-    num_items_in_batch=None,
-    grad_accum=1,
-    steps_per_generation=1,
-    num_processes=1,
-):
-    """TRL's aggregation of one micro-batch (train mode). per_token_loss, mask: [b, T] -> scalar."""
-    mask = mask.to(per_token_loss.dtype)
-    if loss_type == "grpo":
-        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / grad_accum
-    if loss_type == "bnpo":
-        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / grad_accum
-    if loss_type == "dr_grpo":
-        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length) / grad_accum
-    if loss_type == "dapo":
-        if num_items_in_batch is None:  # the micro-batch is the whole generation batch
-            num_items_in_batch = mask.sum()
-        normalizer = torch.as_tensor(num_items_in_batch, dtype=mask.dtype).clamp(min=1.0) / num_processes
-        normalizer = normalizer * grad_accum / steps_per_generation
-        return (per_token_loss * mask).sum() / normalizer
-    raise ValueError(loss_type)
-
-
-# --- verl: per-token loss of compute_policy_loss_vanilla (verl 0.9.1 wheel,
-# verl/trainer/ppo/core_algos.py L1286; the same lines are in compute_policy_loss at volcengine/verl
-# commit 26b5d6b2bbf0202683e49d9999f9174179ab5af3). Dual clip (clip_ratio_c = 3.0, verl's default)
-# caps the loss of negative-advantage tokens at -A * c; the log-ratio is clamped to [-20, 20].
-
-
-def verl_per_token_loss(logp, old_logp, adv, clip_low=EPS_LOW, clip_high=EPS_HIGH, clip_ratio_c=DUAL_CLIP):
-    """verl's clipped per-token loss. logp, old_logp: [B, T]; adv: [B] (broadcast) -> [B, T]."""
-    adv = adv.unsqueeze(1).expand_as(logp)
-    ratio = torch.exp(torch.clamp(logp - old_logp, min=-20.0, max=20.0))
-    losses1 = -adv * ratio
-    losses2 = -adv * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
-    clip1 = torch.maximum(losses1, losses2)
-    clip2 = torch.min(-adv * clip_ratio_c, clip1)
-    return torch.where(adv < 0, clip2, clip1)
-
-
-# --- verl agg_loss, current form: verl 0.9.1 wheel, verl/trainer/ppo/core_algos.py L1140 (agg_loss)
-# (identical in the 0.7.1 and 0.8.0 wheels). Global counts make it micro-batch invariant; empty
-# sequences are dropped from the sequence count. seq-mean-token-mean divides by (length + 1e-8),
-# with the length summed in the MASK's dtype, as verl does: for a bool mask (what verl's ppo_loss
-# passes) that is int64, int64 + 1e-8 is a float32 tensor, and the 1e-8 rounds away for every
-# length >= 1 (an empty sequence gets 0 / 1e-8 = 0). So the mode is exact for bool masks.
-
-
-def verl_agg_loss(
-    loss_mat,
-    loss_mask,
-    mode,
-    *,
-    dp_size=1,
-    batch_num_tokens=None,
-    global_batch_size=None,
-    loss_scale_factor=None,
-):
-    """loss_mat: [b, T] float; loss_mask: [b, T] (bool in verl) -> scalar."""
-    if mode == "token-mean":
-        n_tok = loss_mask.sum() if batch_num_tokens is None else batch_num_tokens
-        return (loss_mat * loss_mask).sum() / n_tok * dp_size
-    lengths = torch.sum(loss_mask, dim=-1)
-    seq_mask = (lengths > 0).to(loss_mat.dtype)
-    n_seq = seq_mask.sum() if global_batch_size is None else global_batch_size
-    if mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
-        loss = ((loss_mat * loss_mask).sum(-1) * seq_mask).sum() / n_seq * dp_size
-        if mode == "seq-mean-token-sum-norm":
-            loss = loss / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
-        return loss
-    if mode == "seq-mean-token-mean":
-        seq_losses = (loss_mat * loss_mask).sum(-1) / (lengths + 1e-8)
-        return (seq_losses * seq_mask).sum() / n_seq * dp_size
-    raise ValueError(mode)
-
-
-# --- verl agg_loss, legacy form: volcengine/verl commit 26b5d6b2bbf0202683e49d9999f9174179ab5af3,
-# verl/trainer/ppo/core_algos.py, def agg_loss (same formulas in the 0.4.1, 0.5.0 and 0.6.1 wheels;
-# 0.6.1 adds the 1e-8 and drops empty sequences). Per-micro-batch normalisation; the sum-norm
-# mode divides the batch token sum by the padded width only, with no 1/N.
-
-
-def verl_agg_loss_legacy(loss_mat, loss_mask, mode):
-    """loss_mat, loss_mask: [b, T] -> scalar."""
-    m = loss_mask.to(loss_mat.dtype)
-    if mode == "token-mean":
-        return (loss_mat * m).sum() / m.sum()
-    if mode == "seq-mean-token-sum":
-        return (loss_mat * m).sum(-1).mean()
-    if mode == "seq-mean-token-mean":
-        return ((loss_mat * m).sum(-1) / m.sum(-1)).mean()
-    if mode == "seq-mean-token-sum-norm":
-        return (loss_mat * m).sum() / loss_mask.shape[-1]
-    raise ValueError(mode)
-
-
-# ============================================================================ aggbench side
-
-
-def aggbench_loss(rule, logp, old_logp, adv, mask, group_ids=None, *, dual_clip=None, **params):
-    """aggbench's loss: effective advantages from the rule at batch scope, then the token sum."""
-    if group_ids is None:
-        group_ids = torch.zeros(adv.shape[0], dtype=torch.long)
-    eff = RuleInstance(f"anchor_{rule}", rule, {"scope": "batch", **params})(mask, adv, group_ids)
-    return pg_loss(logp, old_logp, eff, mask, clip_low=EPS_LOW, clip_high=EPS_HIGH, dual_clip=dual_clip)
-
-
-def loss_and_grad(fn, logp):
-    """Evaluate fn(logp) -> scalar and its gradient w.r.t. logp [B, T]."""
-    x = logp.detach().clone().requires_grad_(True)
-    loss = fn(x)
-    (grad,) = torch.autograd.grad(loss, x)
-    return loss.detach(), grad
-
-
-def assert_same(a, b, atol=1e-12, msg=None):
-    torch.testing.assert_close(a, b, rtol=0.0, atol=atol, msg=msg)
-
+from aggbench.aggregation import mask_from_lengths
+from anchor_refs import (
+    DUAL_CLIP,
+    EPS_HIGH,
+    EPS_LOW,
+    SEEDS,
+    VERL_MODES,
+    aggbench_loss,
+    assert_same,
+    loss_and_grad,
+    random_batch,
+    trl_loss,
+    trl_per_token_loss,
+    verl_agg_loss,
+    verl_agg_loss_legacy,
+    verl_per_token_loss,
+)
 
 # ============================================================================ 1. hand-worked numbers
 # Three sequences, lengths 2, 3, 1, padded width T = L_max = 4, A = [1, -1, 0.5], ratio = 1 (so no
@@ -237,36 +105,6 @@ def test_hand_worked_anchor_numbers(anchor, expected, rule, scale):
     assert_same(scale * aggbench_loss(name, logp, logp, adv, mask, **params), want)
 
 
-# ============================================================================ random batches
-
-
-def random_batch(seed, *, n_groups=2, group_size=4, t=10, zero_group=None):
-    """(logp, old_logp [B, T], adv [B], mask [B, T] bool, group_ids [B]) in float64.
-
-    Lengths 1..t; ratios exp(N(0, 0.6)) so many tokens are clipped, plus four pinned tokens that
-    put every clipping regime in play whatever the seed: A > 0 at ratio 1.25 (inside clip-higher's
-    band, outside a symmetric 0.2 one) and 1.5 (clipped high), A < 0 at ratio 0.5 (clipped low) and
-    4.0 (dual-clipped at c = 3). ``zero_group`` (default: even seeds) zeroes the last group's
-    advantages: verl and TRL still count those sequences in every denominator.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    b = n_groups * group_size
-    lengths = torch.randint(1, t + 1, (b,), generator=gen)
-    mask = mask_from_lengths(lengths, t)
-    adv = torch.randn(b, generator=gen, dtype=torch.float64)
-    sign = torch.tensor([1.0, -1.0, 1.0, -1.0], dtype=torch.float64)
-    adv[:4] = sign * (adv[:4].abs() + 0.1)
-    old_logp = -torch.rand(b, t, generator=gen, dtype=torch.float64) * 3 - 0.05
-    log_ratio = 0.6 * torch.randn(b, t, generator=gen, dtype=torch.float64)
-    log_ratio[:4, 0] = torch.log(torch.tensor([1.25, 0.5, 1.5, 4.0], dtype=torch.float64))
-    if zero_group is None:
-        zero_group = seed % 2 == 0
-    if zero_group:
-        adv[-group_size:] = 0.0
-    group_ids = torch.arange(n_groups).repeat_interleave(group_size)
-    return old_logp + log_ratio, old_logp, adv, mask, group_ids
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_batches_exercise_every_clipping_regime(seed):
     """Guard: the equivalence tests below are not vacuous; every clip branch is hit."""
@@ -280,15 +118,6 @@ def test_random_batches_exercise_every_clipping_regime(seed):
     assert not torch.allclose(
         verl_per_token_loss(logp, old_logp, adv) * m, trl_per_token_loss(logp, old_logp, adv) * m
     )
-
-
-VERL_MODES = [
-    # (verl mode, aggbench rule, params, scale: aggbench * scale == verl)
-    ("token-mean", "token", {}, 1),
-    ("seq-mean-token-mean", "sequence", {}, 1),
-    ("seq-mean-token-sum", "seq_sum", {}, 1),
-    ("seq-mean-token-sum-norm", "constant", {}, 1),  # L_max = padded width T (verl's default)
-]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -377,123 +206,6 @@ def test_random_equivalence_trl(seed, max_completion_length, loss_type, rule, pa
     (la, ga), (lo, go) = loss_and_grad(anchor, logp), loss_and_grad(ours, logp)
     assert_same(lo, la)
     assert_same(go, ga)
-
-
-# ============================================================================ 3. micro-batches
-# TRL splits the generation batch into steps_per_generation (= gradient_accumulation_steps by
-# default) equal slices (split_tensor_dict) and SUMS the gradients of the slices' losses.
-
-
-def trl_accumulated(logp, old_logp, adv, mask, loss_type, k, max_completion_length):
-    """TRL's accumulated loss over k equal micro-batches (one process)."""
-    b = adv.shape[0] // k
-    n_items = mask.sum()
-    total = 0.0
-    for i in range(k):
-        sl = slice(i * b, (i + 1) * b)
-        ptl = trl_per_token_loss(logp[sl], old_logp[sl], adv[sl])
-        total = total + trl_loss(
-            ptl,
-            mask[sl],
-            loss_type,
-            max_completion_length=max_completion_length,
-            num_items_in_batch=n_items,
-            grad_accum=k,
-            steps_per_generation=k,
-        )
-    return total
-
-
-def test_micro_batch_hand_worked():
-    # 4 sequences in 2 micro-batches, ratio = 1 (per-token loss -A), L_max = 3:
-    #   micro-batch 1: lengths [1, 1], A = [1, 1]   -> token sum -2 over 2 tokens
-    #   micro-batch 2: lengths [3, 3], A = [-1, -1] -> token sum +6 over 6 tokens
-    # token-mean of the whole batch (= dapo accumulated)  = (-2 + 6) / 8      =  0.5
-    # bnpo accumulated = (1/2) * (-2/2) + (1/2) * (6/6)                       =  0
-    mask = mask_from_lengths([1, 1, 3, 3])
-    adv = torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64)
-    logp = torch.full((4, 3), -1.0, dtype=torch.float64)
-    acc = {t: trl_accumulated(logp, logp, adv, mask, t, 2, 3) for t in ("bnpo", "dapo")}
-    assert acc["bnpo"].item() == pytest.approx(0.0, abs=1e-15)
-    assert acc["dapo"].item() == pytest.approx(0.5, abs=1e-15)
-    full_bnpo = trl_loss(trl_per_token_loss(logp, logp, adv), mask, "bnpo", max_completion_length=3)
-    assert full_bnpo.item() == pytest.approx(0.5, abs=1e-15)  # one micro-batch: bnpo is token-mean
-    eff = RuleInstance("t", "token", {})(mask, adv, torch.zeros(4, dtype=torch.long))  # whole batch
-    ours = sum(pg_loss(logp[s], logp[s], eff[s], mask[s]) for s in (slice(0, 2), slice(2, 4)))
-    assert ours.item() == pytest.approx(0.5, abs=1e-15)
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-def test_micro_batch_bnpo_differs_token_does_not(seed):
-    logp, old_logp, adv, mask, gid = random_batch(seed)
-    halves = (slice(0, 4), slice(4, 8))
-    if int(mask[halves[0]].sum()) == int(mask[halves[1]].sum()):
-        # equal token counts would make bnpo exact by coincidence: change sequence 0's length by one
-        n0 = int(mask[0].sum())
-        mask[0] = torch.arange(mask.shape[1]) < (n0 + 1 if n0 < mask.shape[1] else n0 - 1)
-    assert int(mask[halves[0]].sum()) != int(mask[halves[1]].sum())
-
-    def full_token(x):
-        return aggbench_loss("token", x, old_logp, adv, mask, gid)
-
-    def ours_accumulated(x):
-        # weights computed ONCE on the whole batch, then the token sum over each micro-batch
-        eff = RuleInstance("t", "token", {"scope": "batch"})(mask, adv, gid)
-        return sum(
-            pg_loss(x[s], old_logp[s], eff[s], mask[s], clip_low=EPS_LOW, clip_high=EPS_HIGH) for s in halves
-        )
-
-    def trl_acc(loss_type):
-        return lambda x: trl_accumulated(x, old_logp, adv, mask, loss_type, 2, 10)
-
-    def trl_full(loss_type):
-        return lambda x: trl_loss(
-            trl_per_token_loss(x, old_logp, adv), mask, loss_type, max_completion_length=10
-        )
-
-    lt, gt = loss_and_grad(full_token, logp)
-    lo, go = loss_and_grad(ours_accumulated, logp)
-    assert_same(lo, lt)
-    assert_same(go, gt)
-    # dapo normalises by the generation batch's token count: exact under accumulation
-    ld, gd = loss_and_grad(trl_acc("dapo"), logp)
-    assert_same(ld, lt)
-    assert_same(gd, gt)
-    # grpo and dr_grpo (equal micro-batch sizes): accumulated == full batch
-    for loss_type in ("grpo", "dr_grpo"):
-        la, ga = loss_and_grad(trl_acc(loss_type), logp)
-        lf, gf = loss_and_grad(trl_full(loss_type), logp)
-        assert_same(la, lf)
-        assert_same(ga, gf)
-    # bnpo normalises per micro-batch: differs from token-mean and from full-batch bnpo
-    lb, gb = loss_and_grad(trl_acc("bnpo"), logp)
-    lbf, _ = loss_and_grad(trl_full("bnpo"), logp)
-    assert_same(lbf, lt)  # full-batch bnpo IS token-mean
-    assert (lb - lt).abs() > 1e-6
-    assert (gb - gt).abs().max() > 1e-6
-
-
-# ============================================================================ empty responses
-
-
-def test_empty_response_counts_in_n_like_trl_grpo_not_verl():
-    """A length-0 response: `sequence` counts it in N like TRL grpo; verl >= 0.6.1 drops it from N.
-
-    Lengths [2, 0, 1], A = [1, 2, 1], ratio 1 (per-token loss -A): token means [-1, 0, -1] (the empty
-    one is 0/clamp(0, min=1) in TRL), sum -2. TRL grpo: -2/3. verl: seq_mask drops the empty one,
-    -2/2 = -1. aggbench sequence (c_i = 1/(N |o_i|) with N = 3): -2/3. (Legacy verl gives NaN.)
-    """
-    mask = mask_from_lengths([2, 0, 1], 2)
-    adv = torch.tensor([1.0, 2.0, 1.0], dtype=torch.float64)
-    logp = torch.full((3, 2), -0.3, dtype=torch.float64)
-    per_token = trl_per_token_loss(logp, logp, adv)
-    ours = aggbench_loss("sequence", logp, logp, adv, mask)
-    assert ours.item() == pytest.approx(-2 / 3, rel=1e-12)
-    assert trl_loss(per_token, mask, "grpo", max_completion_length=2).item() == pytest.approx(
-        -2 / 3, rel=1e-12
-    )
-    # verl's own 1e-8 keeps 0 / (0 + 1e-8) finite for the empty sequence
-    assert verl_agg_loss(per_token, mask, "seq-mean-token-mean").item() == pytest.approx(-1.0, rel=1e-12)
 
 
 # ============================================================================ 2. the real verl
