@@ -28,36 +28,24 @@ from datetime import date, datetime, time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from aggbench.data.evalplus_source import EvalPlusSource
 from aggbench.data.jsonl import DataError, get_field
 from aggbench.data.sources import (
-    DATA_DIR_ENV,
-    BuiltinSource,
     DataUnavailableError,
     FieldMap,
-    Grader,
-    HubSource,
     OfflineJoin,
     SpecError,
     Strict,
     as_answer,
     as_text,
     available_names,
-    builtin_rows,
-    check_relative,
     config_dirs,
     decode_lcb_tests,
-    hub_rows,
-    looks_like_path,
-    offline_path,
-    offline_rows,
-    read_spec,
-    resolve_config,
     resolve_data_dir,
-    top_columns,
 )
+from aggbench.data.spec import DataSpec, load_spec
 
 BENCHMARK_DIR_ENV = "AGGBENCH_BENCHMARK_DIR"
 _PLACEHOLDER = re.compile(r"\{(prompt|starter_code)\}")
@@ -90,32 +78,19 @@ class DateWindow(Strict):
         return not (self.end and when >= datetime.combine(self.end, time()))
 
 
-class BenchmarkSpec(Strict):
-    """One evaluation benchmark. See configs/benchmarks/*.yaml."""
+class BenchmarkSpec(DataSpec):
+    """One evaluation benchmark. See configs/benchmarks/*.yaml (common fields: :class:`DataSpec`)."""
 
-    name: str
-    version: int = Field(ge=1)
-    description: str = ""
-    hub: HubSource | None = None
-    offline_file: str | None = None
     offline_join: OfflineJoin | None = None
     offline_public_tests_only: bool = False
-    builtin: BuiltinSource | None = None
     evalplus: EvalPlusSource | None = None  # HumanEval+/MBPP+ through evalplus's own loaders
     optional: bool = False  # not in the paper's default list (configs/paper.yaml); extra dependencies
-    fields: FieldMap | None = None
     answer_from: Literal["field", "boxed_in_solution"] = "field"
-    answer_transform: Literal["none", "integer"] = "none"
     date_window: DateWindow | None = None
     prompt_template: str = "{prompt}"
     prompt_template_starter_code: str | None = None  # used instead when a record has starter code
-    system_prompt: str | None = None
-    use_chat_template: bool = True
-    grader: Grader
     sampling: Sampling
     metrics: list[str] = Field(min_length=1)
-
-    _path: Path | None = PrivateAttr(default=None)
 
     @field_validator("prompt_template", "prompt_template_starter_code")
     @classmethod
@@ -123,11 +98,6 @@ class BenchmarkSpec(Strict):
         if value is not None and "{prompt}" not in value:
             raise ValueError("the template must contain the placeholder {prompt}")
         return value
-
-    @field_validator("offline_file")
-    @classmethod
-    def _relative(cls, value: str | None) -> str | None:
-        return check_relative(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> BenchmarkSpec:
@@ -137,20 +107,12 @@ class BenchmarkSpec(Strict):
             if self.hub or self.offline_file or self.builtin:
                 raise ValueError("evalplus excludes hub, offline_file and builtin")
             self.fields = self.fields or FieldMap(id="task_id", prompt="prompt")
-        elif self.builtin is not None:
-            if self.hub or self.offline_file:
-                raise ValueError("builtin excludes hub and offline_file")
-            if self.fields is None:
-                self.fields = FieldMap(id="id", prompt="prompt", answer="answer")
-        elif self.hub is None and self.offline_file is None:
-            raise ValueError("give at least one data source: hub, offline_file, builtin or evalplus")
-        if self.fields is None:
-            raise ValueError("fields is required (the mapping to the canonical record)")
-        for label, fields in (("fields", self.fields), ("hub.fields", self.hub and self.hub.fields)):
-            if fields is not None:
-                _check_fields(label, fields, self.grader.name, self.answer_from)
-        for fields in (self.fields, self.hub and self.hub.fields):
-            if self.date_window and fields and not fields.date:
+        maps = self._check_sources(
+            "hub, offline_file, builtin or evalplus", other_source=self.evalplus is not None
+        )
+        for label, fields in maps:
+            _check_fields(label, fields, self.grader.name, self.answer_from)
+            if self.date_window and not fields.date:
                 raise ValueError("date_window needs fields.date (and hub.fields.date when given)")
         for metric in self.metrics:
             match = _METRIC.match(metric)
@@ -159,11 +121,6 @@ class BenchmarkSpec(Strict):
             if int(match.group(2)) > self.sampling.n:
                 raise ValueError(f"metric {metric!r} needs k <= sampling.n ({self.sampling.n})")
         return self
-
-    @property
-    def source_path(self) -> Path | None:
-        """The YAML file this spec was read from (None when built in code)."""
-        return self._path
 
     @property
     def task(self) -> Literal["math", "code", "tiny", "evalplus"]:
@@ -186,11 +143,6 @@ class BenchmarkSpec(Strict):
         # One pass, so braces inside the problem text (LaTeX) are never re-substituted.
         return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
 
-    def render_messages(self, record: dict[str, Any]) -> list[dict[str, str]]:
-        """Chat messages (system prompt if any, then the user turn) for a chat template."""
-        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return [*messages, {"role": "user", "content": self.render_prompt(record)}]
-
 
 def _check_fields(label: str, fields: FieldMap, grader: str, answer_from: str) -> None:
     if grader == "code":
@@ -212,9 +164,9 @@ def list_benchmarks() -> list[str]:
 
 def load_benchmark_spec(name_or_path: str | Path) -> BenchmarkSpec:
     """Find (path, or NAME under ``$AGGBENCH_BENCHMARK_DIR`` / ``configs/benchmarks``) and validate."""
-    path = resolve_config(name_or_path, kind="benchmark", subdir="benchmarks", env_var=BENCHMARK_DIR_ENV)
-    expect = None if looks_like_path(name_or_path) else path.stem
-    return read_spec(BenchmarkSpec, path, kind="benchmark", expect_name=expect)
+    return load_spec(
+        BenchmarkSpec, name_or_path, kind="benchmark", subdir="benchmarks", env_var=BENCHMARK_DIR_ENV
+    )
 
 
 # --------------------------------------------------------------------------- canonical records
@@ -237,36 +189,13 @@ def load_benchmark(
     """Canonical records of one benchmark (offline file if present under the data dir, else the hub)."""
     if not isinstance(spec, BenchmarkSpec):
         spec = load_benchmark_spec(spec)
-    root = resolve_data_dir(data_dir)
-    fields = spec.fields
-    assert fields is not None  # set by the validator
-    public_only = False
     if spec.evalplus is not None:
         from aggbench.data.evalplus_source import load_records
 
         records, source = load_records(spec.evalplus, name=spec.name)
         return BenchmarkRecords(records[:limit] if limit is not None else records, spec=spec, source=source)
-    if spec.builtin is not None:
-        rows, source = builtin_rows(spec.builtin), "builtin:tiny"
-    elif path := offline_path(root, spec.offline_file, name=spec.name, has_hub=spec.hub is not None):
-        rows, source = offline_rows(root, spec.offline_file, spec.offline_join), str(path)  # type: ignore[arg-type]
-        public_only = spec.offline_public_tests_only
-    elif spec.hub is not None:
-        rows = hub_rows(
-            spec.hub,
-            name=spec.name,
-            offline_file=spec.offline_file,
-            columns=top_columns(spec.hub.fields or fields),
-            data_dir=root,
-        )
-        source = f"hf://datasets/{spec.hub.id}@{spec.hub.revision}"
-        fields = spec.hub.fields or fields
-    else:
-        raise DataUnavailableError(
-            f"{spec.name}: no hub source, and the offline file {spec.offline_file!r} was not found under "
-            f"${DATA_DIR_ENV} ({DATA_DIR_ENV} is {repr(str(root)) if root else 'unset'}). "
-            f"Set {DATA_DIR_ENV} to the directory that holds {spec.offline_file}."
-        )
+    rows, source, fields, offline = spec.open_rows(resolve_data_dir(data_dir), join=spec.offline_join)
+    public_only = offline and spec.offline_public_tests_only
     records = []
     for index, (where, line, row) in enumerate(rows):
         record = to_record(spec, fields, row, index=index, where=where, line=line, public_only=public_only)

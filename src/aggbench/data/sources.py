@@ -245,7 +245,7 @@ def offline_path(root: Path | None, relpath: str | None, *, name: str, has_hub: 
     if path.is_file():
         return path
     if has_hub:
-        warnings.warn(f"{name}: {path} not found under the offline data dir; trying the hub", stacklevel=3)
+        warnings.warn(f"{name}: {path} not found under the offline data dir; trying the hub", stacklevel=4)
     return None
 
 
@@ -326,7 +326,7 @@ def hub_rows(
         warnings.warn(
             f"{name}: hub revision {hub.revision!r} of {hub.id} is not a pinned commit; the data may change"
             + (f". It resolves to {sha} today: put `revision: {sha}` in its spec to pin it" if sha else ""),
-            stacklevel=3,
+            stacklevel=4,
         )
     where = f"hf://datasets/{hub.id}@{hub.revision} split={hub.split} row"
     try:

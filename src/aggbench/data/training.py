@@ -16,63 +16,35 @@ Sources, as for benchmarks: ``$AGGBENCH_DATA_DIR/<offline_file>`` first, else th
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from aggbench.data.jsonl import DataError, get_field
 from aggbench.data.sources import (
-    DATA_DIR_ENV,
-    BuiltinSource,
-    DataUnavailableError,
     FieldMap,
-    Grader,
-    HubSource,
     Row,
-    Strict,
     as_answer,
     as_text,
     available_names,
-    builtin_rows,
-    check_relative,
     config_dirs,
-    hub_rows,
-    looks_like_path,
-    offline_path,
-    offline_rows,
-    read_spec,
-    resolve_config,
     resolve_data_dir,
-    top_columns,
 )
+from aggbench.data.spec import DataSpec, load_spec
 
 log = logging.getLogger(__name__)
 DATASET_DIR_ENV = "AGGBENCH_DATASET_DIR"
 _TRAINING_FIELDS = {"id", "prompt", "answer", "meta"}
 
 
-class TrainingDatasetSpec(Strict):
-    """One RL training set. See configs/datasets/*.yaml."""
+class TrainingDatasetSpec(DataSpec):
+    """One RL training set. See configs/datasets/*.yaml (common fields: :class:`DataSpec`)."""
 
-    name: str
-    version: int = Field(ge=1)
-    description: str = ""
-    hub: HubSource | None = None
-    offline_file: str | None = None
-    builtin: BuiltinSource | None = None
-    fields: FieldMap | None = None
-    answer_transform: Literal["none", "integer"] = "none"
     instruction_template: str = "{prompt}"
     strip_instruction: bool = False
     dedupe: bool = False
-    system_prompt: str | None = None
-    use_chat_template: bool = True
-    grader: Grader
-
-    _path: Path | None = PrivateAttr(default=None)
 
     @field_validator("instruction_template")
     @classmethod
@@ -81,26 +53,12 @@ class TrainingDatasetSpec(Strict):
             raise ValueError("instruction_template must contain the placeholder {prompt} exactly once")
         return value
 
-    @field_validator("offline_file")
-    @classmethod
-    def _relative(cls, value: str | None) -> str | None:
-        return check_relative(value)
-
     @model_validator(mode="after")
     def _consistent(self) -> TrainingDatasetSpec:
-        if self.builtin is not None:
-            if self.hub or self.offline_file:
-                raise ValueError("builtin excludes hub and offline_file")
-            if self.builtin.split != "train":
-                raise ValueError("a training dataset uses the built-in task's train split")
-            self.fields = self.fields or FieldMap(id="id", prompt="prompt", answer="answer")
-        elif self.hub is None and self.offline_file is None:
-            raise ValueError("give at least one data source: hub, offline_file or builtin")
-        if self.fields is None:
-            raise ValueError("fields is required (the mapping to the canonical record)")
-        for label, fields in (("fields", self.fields), ("hub.fields", self.hub and self.hub.fields)):
-            if fields is None:
-                continue
+        maps = self._check_sources("hub, offline_file or builtin")
+        if self.builtin is not None and self.builtin.split != "train":
+            raise ValueError("a training dataset uses the built-in task's train split")
+        for label, fields in maps:
             extra = sorted(k for k in fields.model_fields_set if k not in _TRAINING_FIELDS)
             if extra:
                 raise ValueError(
@@ -109,10 +67,6 @@ class TrainingDatasetSpec(Strict):
             if not fields.answer:
                 raise ValueError(f"{label}.answer is required")
         return self
-
-    @property
-    def source_path(self) -> Path | None:
-        return self._path
 
     def strip(self, text: str, *, where: str, line: int, field: str) -> str:
         """The raw problem inside ``instruction_template``; a row that does not match is an error."""
@@ -132,10 +86,6 @@ class TrainingDatasetSpec(Strict):
         prefix, suffix = self.instruction_template.split("{prompt}")
         return prefix + record["prompt"] + suffix
 
-    def render_messages(self, record: dict[str, Any]) -> list[dict[str, str]]:
-        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return [*messages, {"role": "user", "content": self.render_prompt(record)}]
-
 
 def list_training_datasets() -> list[str]:
     """Names found under ``$AGGBENCH_DATASET_DIR`` and ``configs/datasets``."""
@@ -144,9 +94,9 @@ def list_training_datasets() -> list[str]:
 
 def load_training_spec(name_or_path: str | Path) -> TrainingDatasetSpec:
     """Find (path, or NAME under ``$AGGBENCH_DATASET_DIR`` / ``configs/datasets``) and validate."""
-    path = resolve_config(name_or_path, kind="training dataset", subdir="datasets", env_var=DATASET_DIR_ENV)
-    expect = None if looks_like_path(name_or_path) else path.stem
-    return read_spec(TrainingDatasetSpec, path, kind="training dataset", expect_name=expect)
+    return load_spec(
+        TrainingDatasetSpec, name_or_path, kind="training dataset", subdir="datasets", env_var=DATASET_DIR_ENV
+    )
 
 
 def load_training_dataset(
@@ -155,29 +105,7 @@ def load_training_dataset(
     """Canonical ``{"id", "prompt", "answer"[, "meta"]}`` records, de-duplicated if the spec says so."""
     if not isinstance(spec, TrainingDatasetSpec):
         spec = load_training_spec(spec)
-    fields = spec.fields
-    assert fields is not None  # set by the validator
-    root = resolve_data_dir(data_dir)
-    rows: Any
-    if spec.builtin is not None:
-        rows = builtin_rows(spec.builtin)
-    elif path := offline_path(root, spec.offline_file, name=spec.name, has_hub=spec.hub is not None):
-        rows = offline_rows(path.parent, path.name)  # no join: the file alone
-    elif spec.hub is not None:
-        fields = spec.hub.fields or fields
-        rows = hub_rows(
-            spec.hub,
-            name=spec.name,
-            offline_file=spec.offline_file,
-            columns=top_columns(fields),
-            data_dir=root,
-        )
-    else:
-        raise DataUnavailableError(
-            f"{spec.name}: no hub source, and the offline file {spec.offline_file!r} was not found under "
-            f"${DATA_DIR_ENV} ({DATA_DIR_ENV} is {repr(os.fspath(root)) if root else 'unset'}). "
-            f"Set {DATA_DIR_ENV} to the directory that holds {spec.offline_file}."
-        )
+    rows, _source, fields, _offline = spec.open_rows(resolve_data_dir(data_dir))
     return _records(spec, fields, rows, limit)
 
 
