@@ -6,12 +6,22 @@ module imports neither torch nor mlflow).
 
 from __future__ import annotations
 
-import functools
 import logging
 from pathlib import Path
 from typing import Any
 
 import click
+
+from aggbench.cli_common import (
+    checkpoint_option,
+    click_errors,
+    model_options,
+    options,
+    out_dir_option,
+    quiet_option,
+    timeout_option,
+    workers_option,
+)
 
 
 class _ClickHandler(logging.Handler):
@@ -47,105 +57,50 @@ def _split(value: str) -> list[str]:
     return names
 
 
-def click_errors(fn):
-    """Turn bad input (our EvaluationError, the loaders' spec/data errors) into a clean click error."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from aggbench.data.jsonl import DataError
-        from aggbench.data.sources import DataUnavailableError, SpecError
-        from aggbench.evaluate import EvaluationError
-
-        try:
-            return fn(*args, **kwargs)
-        except (EvaluationError, DataError, DataUnavailableError, SpecError) as exc:
-            raise click.ClickException(str(exc)) from exc
-
-    return wrapper
-
-
-def generation_options(fn):
-    """The options shared by ``generate`` and ``evaluate``."""
-    options = [
-        click.option(
-            "--checkpoint",
-            type=click.Path(exists=True, file_okay=False, path_type=Path),
-            required=True,
-            help="Model directory (save_pretrained); step 0 = the base model.",
-        ),
-        click.option(
-            "--benchmarks",
-            required=True,
-            callback=lambda c, p, v: _split(v),
-            help="Comma-separated benchmark names or YAML paths (configs/benchmarks).",
-        ),
-        click.option(
-            "--engine",
-            type=click.Choice(["hf", "vllm"]),
-            default="hf",
-            show_default=True,
-            help="hf: transformers generate (CPU/GPU); vllm: needs the `gpu` extra.",
-        ),
-        click.option("--limit", type=click.IntRange(min=1), default=None, help="First N problems only."),
-        click.option(
-            "--n", "n", type=click.IntRange(min=1), default=None, help="Samples per problem [YAML]."
-        ),
-        click.option(
-            "--temperature",
-            type=click.FloatRange(min=0),
-            default=None,
-            help="Sampling temperature [YAML]; 0 = greedy.",
-        ),
-        click.option(
-            "--top-p",
-            type=click.FloatRange(min=0, max=1, min_open=True),
-            default=None,
-            help="Nucleus sampling [YAML].",
-        ),
-        click.option(
-            "--max-tokens",
-            type=click.IntRange(min=1),
-            default=None,
-            help="Max new tokens per response [YAML].",
-        ),
-        click.option("--seed", type=int, default=0, show_default=True, help="Base sampling seed."),
-        click.option("--system-prompt", default=None, help="System message [YAML's system_prompt]."),
-        click.option(
-            "--enable-thinking/--no-enable-thinking",
-            default=None,
-            help="Qwen3 thinking switch passed to the chat template [template default].",
-        ),
-        click.option(
-            "--chat-template/--no-chat-template",
-            default=None,
-            help="Format prompts with the tokenizer's chat template [YAML's use_chat_template].",
-        ),
-        click.option(
-            "--batch-size",
-            type=click.IntRange(min=1),
-            default=64,
-            show_default=True,
-            help="Sequences per generate call (hf).",
-        ),
-        click.option("--device", default=None, help="cuda / cpu [cuda when available]."),
-        click.option(
-            "--dtype",
-            type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-            default="auto",
-            show_default=True,
-            help="auto: bfloat16 on GPU, float32 on CPU.",
-        ),
-        click.option(
-            "--data-dir",
-            type=click.Path(file_okay=False),
-            default=None,
-            help="Offline benchmark files [$AGGBENCH_DATA_DIR].",
-        ),
-        click.option("--quiet", is_flag=True, help="No progress bars or status lines."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+# The options shared by ``generate`` and ``evaluate``.
+generation_options = options(
+    checkpoint_option("Model directory (save_pretrained); step 0 = the base model."),
+    click.option(
+        "--benchmarks",
+        required=True,
+        callback=lambda c, p, v: _split(v),
+        help="Comma-separated benchmark names or YAML paths (configs/benchmarks).",
+    ),
+    click.option(
+        "--engine",
+        type=click.Choice(["hf", "vllm"]),
+        default="hf",
+        show_default=True,
+        help="hf: transformers generate (CPU/GPU); vllm: needs the `gpu` extra.",
+    ),
+    click.option("--limit", type=click.IntRange(min=1), default=None, help="First N problems only."),
+    click.option("--n", "n", type=click.IntRange(min=1), default=None, help="Samples per problem [YAML]."),
+    click.option(
+        "--temperature",
+        type=click.FloatRange(min=0),
+        default=None,
+        help="Sampling temperature [YAML]; 0 = greedy.",
+    ),
+    click.option(
+        "--top-p",
+        type=click.FloatRange(min=0, max=1, min_open=True),
+        default=None,
+        help="Nucleus sampling [YAML].",
+    ),
+    click.option(
+        "--max-tokens", type=click.IntRange(min=1), default=None, help="Max new tokens per response [YAML]."
+    ),
+    click.option("--seed", type=int, default=0, show_default=True, help="Base sampling seed."),
+    click.option(
+        "--batch-size",
+        type=click.IntRange(min=1),
+        default=64,
+        show_default=True,
+        help="Sequences per generate call (hf).",
+    ),
+    model_options,
+    quiet_option(),
+)
 
 
 def _options(kw: dict[str, Any]):
@@ -172,12 +127,7 @@ def _options(kw: dict[str, Any]):
 
 @click.command(name="generate")
 @generation_options
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="Writes OUT/{benchmark}.jsonl and OUT/generation.json.",
-)
+@out_dir_option("Writes OUT/{benchmark}.jsonl and OUT/generation.json.")
 @click_errors
 def generate_command(checkpoint: Path, benchmarks: list[str], out: Path, **kw: Any) -> None:
     """Sample a checkpoint on benchmarks (the model is loaded once for all of them)."""
@@ -206,17 +156,9 @@ def generate_command(checkpoint: Path, benchmarks: list[str], out: Path, **kw: A
     required=True,
     help="Graded samples JSONL; the metrics go next to it as NAME.metrics.json.",
 )
-@click.option(
-    "--workers", type=click.IntRange(min=1), default=None, help="Grading processes [usable CPUs, at most 8]."
-)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="math: hard deadline per response [10 s]; code: per-test timeout [6 s].",
-)
-@click.option("--quiet", is_flag=True, help="No progress bar or summary line.")
+@workers_option
+@timeout_option
+@quiet_option("No progress bar or summary line.")
 @click_errors
 def score_command(
     benchmark: str, samples: Path, out: Path, workers: int | None, timeout_s: float | None, quiet: bool
@@ -244,12 +186,7 @@ def _summary_line(m: dict[str, Any]) -> str:
 
 @click.command(name="evaluate")
 @generation_options
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="Graded samples, metrics and evaluation.json (e.g. results/runs/CELL/eval/step_N).",
-)
+@out_dir_option("Graded samples, metrics and evaluation.json (e.g. results/runs/CELL/eval/step_N).")
 @click.option(
     "--samples-out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -276,7 +213,7 @@ def _summary_line(m: dict[str, Any]) -> str:
 )
 @click.option("--experiment", default="aggbench", show_default=True, help="MLflow experiment.")
 @click.option("--tracking/--no-tracking", default=True, show_default=True, help="Log to MLflow.")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Grading processes.")
+@workers_option
 @click_errors
 def evaluate_command(
     checkpoint: Path,

@@ -33,7 +33,7 @@ from typing import Any
 
 import click
 
-from aggbench.evaluate_cli import click_errors
+from aggbench.cli_common import checkpoint_option, click_errors, model_options, out_dir_option, quiet_option
 
 log = logging.getLogger(__name__)
 
@@ -381,24 +381,14 @@ def _versions() -> dict[str, str]:
 
 
 @click.command(name="crosscheck")
-@click.option(
-    "--checkpoint",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    required=True,
-    help="Model directory (save_pretrained).",
-)
+@checkpoint_option()
 @click.option(
     "--benchmarks", default="math500,aime24", show_default=True, help="Comma-separated math benchmarks."
 )
 @click.option(
     "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="First N items per benchmark."
 )
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    required=True,
-    help="Writes crosscheck.json, lm-eval's task YAMLs and its logged samples.",
-)
+@out_dir_option("Writes crosscheck.json, lm-eval's task YAMLs and its logged samples.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Max new tokens [the YAML's].")
 @click.option(
     "--batch-size",
@@ -407,24 +397,14 @@ def _versions() -> dict[str, str]:
     show_default=True,
     help="Both sides; 1 makes greedy decoding bit-reproducible.",
 )
-@click.option("--device", default=None, help="cuda / cpu [cuda when available].")
-@click.option(
-    "--dtype",
-    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-    default="auto",
-    show_default=True,
-)
-@click.option("--system-prompt", default=None, help="System message [the YAML's].")
-@click.option("--enable-thinking/--no-enable-thinking", default=None, help="Qwen3 thinking switch.")
-@click.option("--chat-template/--no-chat-template", default=None, help="[the YAML's use_chat_template]")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="[$AGGBENCH_DATA_DIR]")
+@model_options
 @click.option(
     "--strict/--no-strict",
     default=True,
     show_default=True,
     help="Exit with status 1 when any generation differs.",
 )
-@click.option("--quiet", is_flag=True, help="Only the summary.")
+@quiet_option("Only the summary.")
 @click_errors
 def command(
     checkpoint: Path, benchmarks: str, limit: int, out: Path, strict: bool, quiet: bool, **kw: Any

@@ -22,16 +22,16 @@ from urllib.parse import unquote, urlparse
 
 import click
 
+from aggbench.cli_common import click_error, out_dir_option, quiet_option
+
 _SHOW = 40  # problems printed in full before "... and N more"
 
 
 def _load(config: Path) -> dict:
     from aggbench.grid import GridError, load_experiment
 
-    try:
+    with click_error(GridError):
         return load_experiment(config)
-    except GridError as exc:
-        raise click.ClickException(str(exc)) from None
 
 
 _config = click.option(
@@ -48,7 +48,7 @@ _config = click.option(
 @click.option(
     "--cell", "cell_ids", multiple=True, help="Only this cell id (repeatable; `{model}__base` too)."
 )
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@quiet_option("No progress bar.")
 def ingest_command(config: Path, cell_ids: tuple[str, ...], quiet: bool) -> None:
     """Put the run files of every cell and base model into MLflow (idempotent).
 
@@ -58,10 +58,8 @@ def ingest_command(config: Path, cell_ids: tuple[str, ...], quiet: bool) -> None
     from aggbench.ingest import ingest, tracking_uri
 
     exp = _load(config)
-    try:
+    with click_error(ValueError):
         done = ingest(exp, only=cell_ids or None, progress=False if quiet else None)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
     steps = sum(d["steps"] for d in done)
     evals = sum(d["eval_values"] for d in done)
     click.echo(
@@ -72,12 +70,7 @@ def ingest_command(config: Path, cell_ids: tuple[str, ...], quiet: bool) -> None
 
 @click.command("report")
 @_config
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Output directory [results_dir/tables].",
-)
+@out_dir_option("Output directory [results_dir/tables].", required=False)
 @click.option(
     "--metric",
     default="avg@n",
@@ -95,10 +88,8 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
     from aggbench.report import build_tables, check_reported, collect, write_tables
 
     exp = _load(config)
-    try:
+    with click_error(ValueError):
         check_reported(exp)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
     out = out or results_dir(exp) / "tables"
     uri = tracking_uri(exp)
     client = init_store(uri)
@@ -119,11 +110,9 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
                 "missing values (a value that differs needs its run deleted from MLflow and re-ingested), "
                 "or pass --allow-mismatch to tabulate what MLflow holds, flagged"
             )
-    try:
+    with click_error(ValueError):
         col = collect(exp, client, metric=metric)
         tables = build_tables(col, mismatched={p.cell_id for p in errors})
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
     paths = write_tables(tables, out, exp["experiment"], col)
     plots: list[Path] = []
     if not no_plots:

@@ -6,43 +6,22 @@ Split from ``aggbench.evaluate`` (generation) so each module is one idea; ``aggb
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from aggbench.atomic import write_atomic
+
 _NOT_JUDGED = ("timeout", "worker_crashed", "error")
-_CODE_SLACK_S = 10.0  # hard deadline of a code sample beyond its tests' own timeouts
 _CHUNK = 256  # samples per grading call, so the progress bar moves
 
 
 class EvaluationError(ValueError):
     """Bad input to the evaluator: the message names the file, line and field, and the fix."""
-
-
-def write_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same directory and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
@@ -55,24 +34,17 @@ def write_json(path: str | Path, obj: Any) -> Path:
 
 def read_jsonl(path: str | Path, *, required: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Rows of a JSONL file; each must be an object holding ``required`` (errors name file:line)."""
+    from aggbench.data.jsonl import iter_jsonl  # lazy: the aggbench.data package imports pydantic
+
     path = Path(path)
     if not path.is_file():
         raise EvaluationError(f"{path}: no such file")
     rows = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise EvaluationError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise EvaluationError(f"{path}:{lineno}: expected a JSON object")
-            for key in required:
-                if key not in row:
-                    raise EvaluationError(f"{path}:{lineno}: field {key!r} is missing")
-            rows.append(row)
+    for lineno, row in iter_jsonl(path):  # a line that is not a JSON object: DataError (file:line)
+        for key in required:
+            if key not in row:
+                raise EvaluationError(f"{path}:{lineno}: field {key!r} is missing")
+        rows.append(row)
     if not rows:
         raise EvaluationError(f"{path}: no samples in the file")
     return rows
@@ -104,15 +76,11 @@ def grade_rows(
             return grade_evalplus_rows(rows, workers=workers)
         except EvalPlusError as exc:
             raise EvaluationError(str(exc)) from None
-    from aggbench.grading.pool import GradingPool
+    from aggbench.grading.batch import grading_pool
 
-    if grader == "math":
-        pool = GradingPool(workers=workers, timeout_s=timeout_s or 10.0)
-    elif grader == "code":
-        per_test = timeout_s or 6.0
-        pool = GradingPool(workers=workers, timeout_s=per_test + _CODE_SLACK_S, preload=())
-    else:
+    if grader not in ("math", "code"):
         raise EvaluationError(f"unknown grader {grader!r}; valid: math, code, tiny, evalplus")
+    pool, per_test = grading_pool(grader, workers=workers, timeout_s=timeout_s)
     out: list[dict[str, Any]] = []
     show = progress and sys.stderr.isatty()
     with pool, tqdm(total=len(rows), desc=f"grade {grader}", unit="sample", disable=not show) as bar:
@@ -136,37 +104,18 @@ def _grade_tiny(response: str, answer: str) -> dict[str, Any]:
 
 
 def _grade_math(rows: Sequence[Mapping[str, Any]], pool: Any) -> list[dict[str, Any]]:
-    from aggbench.grading.math import grade_math_batch, grading_options
+    from aggbench.grading.batch import grade_math_rows
+    from aggbench.grading.math import grading_options
 
     options = [grading_options(r.get("grading")) for r in rows]
-    golds = [
-        [str(a) for a in r["answer"]] if isinstance(r["answer"], list) else str(r["answer"]) for r in rows
-    ]
-    verdicts = grade_math_batch(
-        [r["response"] for r in rows],
-        golds,
-        pool=pool,
-        tolerances=[o.get("tolerance") for o in options],
-        units=[o.get("unit") for o in options],
-    )
-    return [v.to_dict() for v in verdicts]
+    return [v.to_dict() for v in grade_math_rows(rows, pool, options)]
 
 
 def _grade_code(rows: Sequence[Mapping[str, Any]], pool: Any, per_test: float) -> list[dict[str, Any]]:
-    items = [
-        {
-            "response": r["response"],
-            "tests": r["tests"],
-            "func_name": r.get("func_name"),
-            "starter_code": r.get("starter_code"),
-            "timeout_s": per_test,
-        }
-        for r in rows
-    ]
-    deadlines = [per_test * (len(r["tests"]) + 1) + _CODE_SLACK_S for r in rows]
-    results = pool.map("aggbench.grading.code:grade_code_item", items, timeouts=deadlines)
+    from aggbench.grading.batch import grade_code_rows
+
     out = []
-    for res in results:
+    for res in grade_code_rows(rows, pool, per_test):
         tests = res.get("tests") or []
         failed = next((t for t in tests if not t.get("passed")), None)
         kind = failed["error_kind"] if failed else None

@@ -12,45 +12,25 @@ OUT.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import click
 
+from aggbench.cli_common import click_errors, timeout_option, workers_option
+from aggbench.data.jsonl import DataError, iter_jsonl
+
 # The progress bar is shown by default above this many lines.
 _PROGRESS_ABOVE = 256
-# Code: the pool's hard deadline for one response is this much beyond its tests' own timeouts.
-_CODE_SLACK_S = 10.0
 
 
-class InputError(click.ClickException):
-    """A malformed input line: the message names the file, the line and the field."""
-
-    def __init__(self, path: Path, line: int, field: str | None, message: str) -> None:
-        what = f" field {field!r}:" if field else ""
-        super().__init__(f"{path}:{line}:{what} {message}")
-
-
-def _read(path: Path, task: str) -> list[tuple[int, dict[str, Any]]]:
+def _read(path: Path, task: str) -> list[dict[str, Any]]:
+    """Every line of ``path``, checked; a bad line raises DataError naming file, line and field."""
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for lineno, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise InputError(
-                    path, lineno, None, f"invalid JSON ({exc.msg} at column {exc.colno})"
-                ) from None
-            if not isinstance(row, dict):
-                raise InputError(path, lineno, None, f"expected a JSON object, got {type(row).__name__}")
-            _check(path, lineno, row, task)
-            rows.append((lineno, row))
+    for lineno, row in iter_jsonl(path):
+        _check(path, lineno, row, task)
+        rows.append(row)
     return rows
 
 
@@ -58,11 +38,11 @@ def _check(path: Path, line: int, row: dict[str, Any], task: str) -> None:
     needed = ("response", "answer") if task == "math" else ("response", "tests")
     for field in needed:
         if field not in row:
-            raise InputError(
+            raise DataError(
                 path, line, field, f"missing (a {task} line needs {' and '.join(map(repr, needed))})"
             )
     if not isinstance(row["response"], str):
-        raise InputError(path, line, "response", f"expected a string, got {type(row['response']).__name__}")
+        raise DataError(path, line, "response", f"expected a string, got {type(row['response']).__name__}")
     if task == "math":
         answer = row["answer"]
         ok = isinstance(answer, str | int | float) and not isinstance(answer, bool)
@@ -71,36 +51,34 @@ def _check(path: Path, line: int, row: dict[str, Any], task: str) -> None:
                 isinstance(a, str | int | float) and not isinstance(a, bool) for a in answer
             )
         if not ok:
-            raise InputError(
+            raise DataError(
                 path,
                 line,
                 "answer",
                 f"expected a string, a number or a non-empty list of them, got {answer!r:.80}",
             )
         if row.get("grading") is not None and not isinstance(row["grading"], dict):
-            raise InputError(
-                path, line, "grading", f"expected an object, got {type(row['grading']).__name__}"
-            )
+            raise DataError(path, line, "grading", f"expected an object, got {type(row['grading']).__name__}")
         try:
             _math_options(row)
         except ValueError as exc:
-            raise InputError(path, line, "tolerance", str(exc)) from None
+            raise DataError(path, line, "tolerance", str(exc)) from None
     else:
         try:
             tests = _tests(row)
         except json.JSONDecodeError as exc:
-            raise InputError(path, line, "tests", f"a string that is not JSON ({exc.msg})") from None
+            raise DataError(path, line, "tests", f"a string that is not JSON ({exc.msg})") from None
         if not isinstance(tests, list) or not tests or not all(isinstance(t, dict) for t in tests):
-            raise InputError(
+            raise DataError(
                 path, line, "tests", "expected a non-empty list of test objects {input, output, testtype}"
             )
         for key in ("func_name", "starter_code"):
             if row.get(key) is not None and not isinstance(row[key], str):
-                raise InputError(path, line, key, "expected a string or null")
+                raise DataError(path, line, key, "expected a string or null")
         if any(t.get("testtype") == "functional" for t in tests) and not (
             row.get("func_name") or row.get("starter_code")
         ):
-            raise InputError(
+            raise DataError(
                 path, line, "func_name", "functional tests need 'func_name' (or 'starter_code' with a def)"
             )
 
@@ -118,10 +96,6 @@ def _math_options(row: dict[str, Any]) -> dict[str, Any]:
         if row.get(key) is not None:
             options[key] = row[key]
     return grading_options(options)
-
-
-def _gold(answer: Any) -> str | list[str]:
-    return [str(a) for a in answer] if isinstance(answer, list) else str(answer)
 
 
 def _verdict_dict(result: Any) -> dict[str, Any]:
@@ -150,24 +124,14 @@ def _verdict_dict(result: Any) -> dict[str, Any]:
     required=True,
     help="JSONL to write.",
 )
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Worker processes [default: usable CPUs, at most 8].",
-)
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="math: hard deadline per response [10 s]; code: per-test timeout passed to grade_code [6 s].",
-)
+@workers_option
+@timeout_option
 @click.option(
     "--progress/--no-progress",
     default=None,
     help="Progress bar on stderr [default: when the input has over 256 lines].",
 )
+@click_errors
 def command(
     task: str,
     input_path: Path,
@@ -179,67 +143,25 @@ def command(
     """Grade generations (math or code) from a JSONL file."""
     from tqdm import tqdm
 
-    from aggbench.grading.pool import GradingPool
+    from aggbench.atomic import atomic_writer
+    from aggbench.grading.batch import grade_code_rows, grade_math_rows, grading_pool
 
     rows = _read(input_path, task)
     show = progress if progress is not None else len(rows) > _PROGRESS_ABOVE
-    if task == "math":
-        from aggbench.grading.math import grade_math_batch
-
-        pool = GradingPool(workers=workers, timeout_s=timeout_s or 10.0)
-    else:
-        per_test = timeout_s or 6.0
-        # Workers import aggbench.grading.code on their first task (by name, below); nothing to preload.
-        pool = GradingPool(workers=workers, timeout_s=per_test + _CODE_SLACK_S, preload=())
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{output_path.name}.", suffix=".tmp", dir=output_path.parent)
-    tmp = Path(tmp_name)
+    pool, timeout = grading_pool(task, workers=workers, timeout_s=timeout_s)
     n_correct = 0
-    try:
-        with (
-            pool,
-            os.fdopen(fd, "w", encoding="utf-8") as out,
-            tqdm(total=len(rows), disable=not show, desc=f"grade {task}", unit="resp") as bar,
-        ):
-            batch = [row for _line, row in rows]
+    with atomic_writer(output_path) as out:  # renamed into place only once every line is written
+        with pool, tqdm(total=len(rows), disable=not show, desc=f"grade {task}", unit="resp") as bar:
             if task == "math":
-                options = [_math_options(r) for r in batch]
-                results = grade_math_batch(
-                    [r["response"] for r in batch],
-                    [_gold(r["answer"]) for r in batch],
-                    pool=pool,
-                    tolerances=[o.get("tolerance") for o in options],
-                    units=[o.get("unit") for o in options],
-                    progress=bar.update,
-                )
+                options = [_math_options(r) for r in rows]
+                results = grade_math_rows(rows, pool, options, progress=bar.update)
             else:
-                items = [
-                    {
-                        "response": r["response"],
-                        "tests": _tests(r),
-                        "func_name": r.get("func_name"),
-                        "starter_code": r.get("starter_code"),
-                        "timeout_s": per_test,
-                    }
-                    for r in batch
-                ]
-                deadlines = [per_test * (len(item["tests"]) + 1) + _CODE_SLACK_S for item in items]
-                # by name: the worker imports aggbench.grading.code, this process never does
-                results = pool.map(
-                    "aggbench.grading.code:grade_code_item", items, timeouts=deadlines, progress=bar.update
-                )
-            for row, result in zip(batch, results, strict=True):
-                verdict = _verdict_dict(result)
-                n_correct += verdict["correct"]
-                out.write(json.dumps({**row, **verdict}, ensure_ascii=False) + "\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
-        os.replace(tmp, output_path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+                coded = [{**r, "tests": _tests(r)} for r in rows]
+                results = grade_code_rows(coded, pool, timeout, progress=bar.update)
+        for row, result in zip(rows, results, strict=True):
+            verdict = _verdict_dict(result)
+            n_correct += verdict["correct"]
+            out.write(json.dumps({**row, **verdict}, ensure_ascii=False) + "\n")
     if rows:
         click.echo(
             f"graded {len(rows)} lines -> {output_path} ({n_correct / len(rows):.1%} correct)", err=True
