@@ -32,15 +32,32 @@ def options(*decorators: Callable[[F], F]) -> Callable[[F], F]:
 # --------------------------------------------------------------------------- options
 
 
-def out_dir_option(help: str, *, required: bool = True) -> Callable[[F], F]:
-    """``--out DIR`` (created by the command)."""
+def dir_option(*decls: str, help: str, required: bool = True) -> Callable[[F], F]:
+    """A directory the command writes (``--out DIR``, ``--samples-out DIR``); created as needed."""
     return click.option(
-        "--out",
+        *decls,
         type=click.Path(file_okay=False, path_type=Path),
         required=required,
         default=None,
         help=help,
     )
+
+
+def out_dir_option(help: str, *, required: bool = True) -> Callable[[F], F]:
+    """``--out DIR``."""
+    return dir_option("--out", help=help, required=required)
+
+
+def in_file_option(*decls: str, help: str) -> Callable[[F], F]:
+    """A file the command reads (must exist), e.g. ``--input`` / ``--samples``."""
+    return click.option(
+        *decls, type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True, help=help
+    )
+
+
+def out_file_option(*decls: str, help: str) -> Callable[[F], F]:
+    """A file the command writes (atomically), e.g. ``--output`` / ``--out``."""
+    return click.option(*decls, type=click.Path(dir_okay=False, path_type=Path), required=True, help=help)
 
 
 def checkpoint_option(help: str = "Model directory (save_pretrained).") -> Callable[[F], F]:

@@ -15,9 +15,12 @@ import click
 from aggbench.cli_common import (
     checkpoint_option,
     click_errors,
+    dir_option,
+    in_file_option,
     model_options,
     options,
     out_dir_option,
+    out_file_option,
     quiet_option,
     timeout_option,
     workers_option,
@@ -144,18 +147,8 @@ def generate_command(checkpoint: Path, benchmarks: list[str], out: Path, **kw: A
 
 @click.command(name="score")
 @click.option("--benchmark", required=True, help="Benchmark name or YAML path (its grader is used).")
-@click.option(
-    "--samples",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    required=True,
-    help="The samples JSONL written by `aggbench generate`.",
-)
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="Graded samples JSONL; the metrics go next to it as NAME.metrics.json.",
-)
+@in_file_option("--samples", help="The samples JSONL written by `aggbench generate`.")
+@out_file_option("--out", help="Graded samples JSONL; the metrics go next to it as NAME.metrics.json.")
 @workers_option
 @timeout_option
 @quiet_option("No progress bar or summary line.")
@@ -187,23 +180,17 @@ def _summary_line(m: dict[str, Any]) -> str:
 @click.command(name="evaluate")
 @generation_options
 @out_dir_option("Graded samples, metrics and evaluation.json (e.g. results/runs/CELL/eval/step_N).")
-@click.option(
-    "--samples-out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where the raw samples go [OUT/samples].",
-)
+@dir_option("--samples-out", help="Where the raw samples go [OUT/samples].", required=False)
 @click.option(
     "--step",
     type=click.IntRange(min=0),
     required=True,
     help="Training step of the checkpoint (0 = the base model).",
 )
-@click.option(
+@dir_option(
     "--run-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
     help="The cell's run directory [RUN for a checkpoint RUN/checkpoints/step_N].",
+    required=False,
 )
 @click.option("--cell-id", default=None, help="The cell's id [the run directory's name].")
 @click.option(

@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from aggbench.cli_common import click_errors, timeout_option, workers_option
+from aggbench.cli_common import click_errors, in_file_option, out_file_option, timeout_option, workers_option
 from aggbench.data.jsonl import DataError, iter_jsonl
 
 # The progress bar is shown by default above this many lines.
@@ -110,20 +110,8 @@ def _verdict_dict(result: Any) -> dict[str, Any]:
 
 @click.command(name="grade")
 @click.option("--task", type=click.Choice(["math", "code"]), required=True, help="Which grader to use.")
-@click.option(
-    "--input",
-    "input_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    required=True,
-    help="JSONL of generations.",
-)
-@click.option(
-    "--output",
-    "output_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    required=True,
-    help="JSONL to write.",
-)
+@in_file_option("--input", "input_path", help="JSONL of generations.")
+@out_file_option("--output", "output_path", help="JSONL to write.")
 @workers_option
 @timeout_option
 @click.option(
