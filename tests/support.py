@@ -14,6 +14,20 @@ from aggbench.aggregation import RuleInstance, builtin_instances, get_rule, rule
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+# The MLflow key names (after eval/{benchmark}/) of one benchmark's metrics.json with n = 4: every
+# avg@/pass@/maj@ value plus the confidence interval and the length statistics.
+EVAL_KEYS_N4 = [
+    "avg_at_4",
+    "pass_at_1",
+    "pass_at_4",
+    "maj_at_4",
+    "ci_low",
+    "ci_high",
+    "mean_length",
+    "truncation_rate",
+]
+
+
 def shared_data_dir() -> Path:
     """../shared/data beside the repository (AGGBENCH_SHARED_DATA overrides); never copied in."""
     env = os.environ.get("AGGBENCH_SHARED_DATA")

@@ -11,25 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from aggbench.cli import main
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """The tiny model is fastest on one thread, and on a busy machine two threads that wait for
-    each other are 20x slower (measured: 1.3 s vs 26 s for the same greedy decode)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    from aggbench.tiny import tiny_model_for_tests
-
-    return tiny_model_for_tests(tmp_path_factory.mktemp("tiny"))
+from support import EVAL_KEYS_N4
 
 
 @pytest.fixture(scope="module")
@@ -124,19 +106,7 @@ def test_log_eval_metrics_skips_keys_already_at_the_step(store, tmp_path):
     }
     first |= {"ci_low": 0.1, "ci_high": 0.4, "mean_length": 12.5, "truncation_rate": 0.0}
     res = log_eval_metrics(run_dir, "cell-b", 5, {"math500": first}, tracking_uri=store)
-    assert sorted(res["logged"]) == sorted(
-        f"eval/math500/{k}"
-        for k in (
-            "avg_at_4",
-            "pass_at_1",
-            "pass_at_4",
-            "maj_at_4",
-            "ci_low",
-            "ci_high",
-            "mean_length",
-            "truncation_rate",
-        )
-    )
+    assert sorted(res["logged"]) == sorted(f"eval/math500/{k}" for k in EVAL_KEYS_N4)
     # a rerun at step 5 with other values (a changed grader, say) keeps the first values; a new
     # benchmark at the same step is still logged
     second = {**first, "avg@4": 0.75}
@@ -153,19 +123,6 @@ def test_log_eval_metrics_skips_keys_already_at_the_step(store, tmp_path):
     assert client.get_run(run_id).data.tags["eval/livecodebench/notes"] == "public tests only"
 
 
-def test_evaluate_without_run_dir_asks_for_one(tiny_model, tmp_path):
-    result = CliRunner().invoke(
-        main,
-        [
-            "evaluate",
-            "--checkpoint",
-            str(tiny_model),
-            "--benchmarks",
-            "tiny_test",
-            "--out",
-            str(tmp_path),
-            "--step",
-            "0",
-        ],
-    )
+def test_evaluate_without_run_dir_asks_for_one(model_cli):
+    result = model_cli("evaluate", "tiny_test", "--step", "0")
     assert result.exit_code == 1 and "--run-dir" in result.output

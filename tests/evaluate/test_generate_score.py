@@ -15,25 +15,6 @@ from click.testing import CliRunner
 from aggbench.cli import main
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """The tiny model is fastest on one thread, and on a busy machine two threads that wait for
-    each other are 20x slower (measured: 1.3 s vs 26 s for the same greedy decode)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    from aggbench.tiny import tiny_model_for_tests
-
-    return tiny_model_for_tests(tmp_path_factory.mktemp("tiny"))
-
-
 @pytest.fixture
 def data_env(monkeypatch, shared_data):
     monkeypatch.setenv("AGGBENCH_DATA_DIR", str(shared_data))
@@ -172,7 +153,7 @@ def test_temperature_zero_is_greedy_and_copies_the_decode(tiny_model, data_env, 
     assert responses == [rows[0]["response"], rows[3]["response"]]  # greedy: the seed plays no part
 
 
-def test_generate_bad_benchmark_fails_before_loading(tiny_model, tmp_path, monkeypatch):
+def test_generate_bad_benchmark_fails_before_loading(model_cli, monkeypatch):
     import transformers
 
     monkeypatch.setattr(
@@ -180,43 +161,19 @@ def test_generate_bad_benchmark_fails_before_loading(tiny_model, tmp_path, monke
         "from_pretrained",
         lambda *a, **k: pytest.fail("the model must not be loaded"),
     )
-    result = CliRunner().invoke(
-        main,
-        [
-            "generate",
-            "--checkpoint",
-            str(tiny_model),
-            "--benchmarks",
-            "tiny_test,nope",
-            "--out",
-            str(tmp_path),
-        ],
-    )
+    result = model_cli("generate", "tiny_test,nope")
     assert result.exit_code == 1
     assert "nope" in result.output
 
 
-def test_vllm_engine_names_the_gpu_extra(tiny_model, tmp_path):
+def test_vllm_engine_names_the_gpu_extra(model_cli):
     try:
         import vllm  # noqa: F401
 
         pytest.skip("vLLM is installed here")
     except ImportError:
         pass
-    result = CliRunner().invoke(
-        main,
-        [
-            "generate",
-            "--checkpoint",
-            str(tiny_model),
-            "--benchmarks",
-            "tiny_test",
-            "--engine",
-            "vllm",
-            "--out",
-            str(tmp_path),
-        ],
-    )
+    result = model_cli("generate", "tiny_test", "--engine", "vllm")
     assert result.exit_code == 1
     assert "gpu" in result.output and "aggbench[gpu]" in result.output
 

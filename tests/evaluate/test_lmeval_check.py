@@ -13,25 +13,6 @@ from click.testing import CliRunner
 from aggbench.cli import main
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """The tiny model is fastest on one thread, and on a busy machine two threads that wait for
-    each other are 20x slower (measured: 1.3 s vs 26 s for the same greedy decode)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    from aggbench.tiny import tiny_model_for_tests
-
-    return tiny_model_for_tests(tmp_path_factory.mktemp("tiny"))
-
-
 def test_crosscheck_tiny_model_offline_identical_generations(tiny_model, shared_data, tmp_path, monkeypatch):
     pytest.importorskip("lm_eval")
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
@@ -136,17 +117,6 @@ def test_shadow_model_dir_drops_max_new_tokens(tmp_path):
     assert lmeval_model_dir(ckpt, tmp_path / "scratch2") == (ckpt, None)
 
 
-def test_crosscheck_refuses_a_code_benchmark(tiny_model, tmp_path):
-    result = CliRunner().invoke(
-        main,
-        [
-            "crosscheck",
-            "--checkpoint",
-            str(tiny_model),
-            "--benchmarks",
-            "livecodebench",
-            "--out",
-            str(tmp_path),
-        ],
-    )
+def test_crosscheck_refuses_a_code_benchmark(model_cli):
+    result = model_cli("crosscheck", "livecodebench")
     assert result.exit_code == 1 and "math benchmarks" in result.output
