@@ -110,66 +110,21 @@ def load_model(checkpoint: str | Path, *, device: str | None = None, dtype: str 
     return model, tokenizer
 
 
-def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
-    """Every id that ends a response: the generation config's eos ids and the tokenizer's."""
-    ids: set[int] = set()
-    for value in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if value is not None:
-            ids.update(value if isinstance(value, list) else [value])
-    if not ids:
-        raise ValueError("the model defines no eos_token_id; generation could not stop")
-    return sorted(ids)
-
-
 def greedy_generate(
     model: Any, tokenizer: Any, prompts: list[list[int]], *, max_new_tokens: int, batch_size: int = 1
 ):
     """Greedy decoding (argmax at every step), the temperature -> 0 limit of sampling.
 
-    Written here because the hf rollout engine only samples. prompts: token ids per prompt;
-    batches are left-padded (input_ids [B, T], attention_mask [B, T]). Returns a
-    :class:`~aggbench.rollout.base.Rollouts` with one response per prompt (group = prompt index).
-    Padding changes floating-point reduction order, so ``batch_size=1`` is the exactly
-    reproducible setting (the lm-eval cross-check uses it).
+    prompts: token ids per prompt. Returns a :class:`~aggbench.rollout.base.Rollouts` with one
+    response per prompt (group = prompt index), decoded by the hf engine's own loop
+    (:meth:`~aggbench.rollout.hf.HFEngine.generate_greedy`). Padding changes floating-point
+    reduction order, so ``batch_size=1`` is the exactly reproducible setting (the lm-eval
+    cross-check uses it).
     """
-    import torch
+    from aggbench.rollout.hf import HFEngine
 
-    from aggbench.rollout.base import Rollouts
-
-    eos = eos_token_ids(model, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    device = next(model.parameters()).device
-    out = Rollouts([], [], [], [], [])
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
-        width = max(len(p) for p in chunk)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(chunk), width), dtype=torch.long)
-        for i, p in enumerate(chunk):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            attn[i, width - len(p) :] = 1
-        with torch.no_grad():
-            gen = model.generate(
-                input_ids=ids.to(device),
-                attention_mask=attn.to(device),
-                do_sample=False,
-                temperature=None,
-                top_p=None,
-                top_k=None,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=pad,
-                eos_token_id=eos,
-            )[:, width:].cpu()
-        for i, p in enumerate(chunk):
-            resp = gen[i].tolist()
-            cut = next((j + 1 for j, t in enumerate(resp) if t in eos), None)
-            resp = resp if cut is None else resp[:cut]
-            out.prompt_ids.append(list(p))
-            out.response_ids.append(resp)
-            out.finished.append(cut is not None)
-            out.group.append(start + i)
-            out.texts.append(tokenizer.decode(resp, skip_special_tokens=True))
-    return out
+    engine = HFEngine(model, tokenizer, batch_size=batch_size)
+    return engine.generate_greedy(prompts, max_new_tokens=max_new_tokens)
 
 
 def benchmark_seed(seed: int, benchmark: str) -> int:

@@ -16,8 +16,9 @@ class HFEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = pad if pad is not None else self.eos_ids[0]
 
     def sync_weights(self, model: Any) -> None:
         self.model = model
@@ -33,11 +34,27 @@ class HFEngine:
         max_new_tokens: int,
         seed: int,
     ) -> Rollouts:
+        torch.manual_seed(seed)  # sampling is a pure function of (weights, prompts, seed)
         flat = [(g, p) for g, p in enumerate(prompts) for _ in range(n)]
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+        return self._decode(flat, max_new_tokens, sampling)
+
+    @torch.no_grad()
+    def generate_greedy(self, prompts: list[list[int]], *, max_new_tokens: int) -> Rollouts:
+        """Greedy decoding (argmax at every step), the temperature -> 0 limit of sampling: one
+        response per prompt, group = prompt index. Padding changes floating-point reduction order,
+        so ``batch_size=1`` is the exactly reproducible setting (the lm-eval cross-check uses it)."""
+        sampling = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+        return self._decode(list(enumerate(prompts)), max_new_tokens, sampling)
+
+    def _decode(
+        self, flat: list[tuple[int, list[int]]], max_new_tokens: int, sampling: dict[str, Any]
+    ) -> Rollouts:
+        """One response per (group, prompt ids) pair, ``batch_size`` at a time: left-padded
+        input_ids [b, T] and attention_mask [b, T]; a response is cut after its first EOS."""
         device = next(self.model.parameters()).device
         was_training = self.model.training
         self.model.eval()
-        torch.manual_seed(seed)  # sampling is a pure function of (weights, prompts, seed)
         out = Rollouts([], [], [], [], [])
         try:
             for start in range(0, len(flat), self.batch_size):
@@ -51,10 +68,7 @@ class HFEngine:
                 gen = self.model.generate(
                     input_ids=ids.to(device),
                     attention_mask=attn.to(device),
-                    do_sample=True,
-                    temperature=temperature,
-                    top_p=top_p,
-                    top_k=0,
+                    **sampling,
                     max_new_tokens=max_new_tokens,
                     pad_token_id=self.pad_id,
                     eos_token_id=self.eos_ids,
@@ -74,7 +88,8 @@ class HFEngine:
         return out
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Every id that ends a response: the generation config's eos ids and the tokenizer's."""
     ids: list[int] = []
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     for v in (gen_eos, tokenizer.eos_token_id):
