@@ -82,6 +82,46 @@ def small_config(path: Path, results: Path, over: dict | None = None) -> Path:
     return path
 
 
+def small_grid(
+    tmp_path: Path, name: str, model_dir: Path, *, total_steps: int, checkpoint_every: int, eval_every: int
+) -> tuple[Path, Path]:
+    """A :func:`small_config` grid with these steps, results under ``tmp_path/results`` and the
+    prepared tiny model already in place there; returns (config path, results dir)."""
+    results = tmp_path / "results"
+    over = {
+        "training": {"algorithm": {"total_steps": total_steps}, "checkpoint": {"every": checkpoint_every}},
+        "evaluation": {"every": eval_every},
+    }
+    config = small_config(tmp_path / f"{name}.yaml", results, over)
+    populate_model(results, model_dir)
+    return config, results
+
+
+def expected_jobs(
+    *,
+    cells: int,
+    segments: int,
+    evaluations: int,
+    benchmarks: int = 1,
+    base_model: bool = False,
+    prepare: bool = True,
+) -> dict[str, int]:
+    """Snakemake's job counts for a one-model, one-dataset grid of this shape: per cell a config,
+    ``segments`` train jobs, ``evaluations`` generate jobs and one grade job per benchmark each;
+    the base model's generate and grade jobs; prepare_model/prepare_data unless already done."""
+    counts = {"prepare_model": 1, "prepare_data": 1} if prepare else {}
+    counts |= {
+        "experiment_config": 1,
+        "cell_config": cells,
+        "train": cells * segments,
+        "generate": cells * evaluations,
+        "grade": cells * evaluations * benchmarks,
+    }
+    if base_model:
+        counts |= {"generate_base": 1, "grade_base": benchmarks}
+    return counts | {"report": 1, "all": 1}
+
+
 def run(
     args: list[str],
     *,
@@ -210,6 +250,8 @@ def wf():
         deep_merge=deep_merge,
         write_config=write_config,
         small_config=small_config,
+        small_grid=small_grid,
+        expected_jobs=expected_jobs,
         run=run,
         job_counts=job_counts,
         jobs=jobs,

@@ -34,16 +34,9 @@ def _metric_steps(path) -> list[int]:
 
 def test_interrupted_dag_resumes_without_redoing_or_duplicating(wf, tmp_path, tiny_model):
     work = tmp_path / "work"
-    results = tmp_path / "results"
-    config = wf.small_config(
-        tmp_path / "interrupt.yaml",
-        results,
-        {
-            "training": {"algorithm": {"total_steps": 6}, "checkpoint": {"every": 2}},
-            "evaluation": {"every": 6},
-        },
+    config, results = wf.small_grid(
+        tmp_path, "interrupt", tiny_model, total_steps=6, checkpoint_every=2, eval_every=6
     )
-    wf.populate_model(results, tiny_model)
     work.mkdir()
     run = results / "runs" / CELL
     marker = {s: run / "segments" / f"step_{s}.done" for s in (2, 4, 6)}

@@ -58,17 +58,10 @@ def test_minimal_grid_runs_through_the_slurm_profile(wf, tmp_path, tiny_model):
     why = _slurm_up()
     if why:
         pytest.skip(why)
-    results = tmp_path / "results"
     # one rule instance, two steps (one train segment), one benchmark of 4 problems x 2 samples
-    config = wf.small_config(
-        tmp_path / "slurm.yaml",
-        results,
-        {
-            "training": {"algorithm": {"total_steps": 2}, "checkpoint": {"every": 2}},
-            "evaluation": {"every": 2},
-        },
+    config, results = wf.small_grid(
+        tmp_path, "slurm", tiny_model, total_steps=2, checkpoint_every=2, eval_every=2
     )
-    wf.populate_model(results, tiny_model)
     start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 2))
     prefix = f"aggbenchtest{os.getpid()}"  # our jobs' names start with it: found, or cancelled
 
