@@ -12,6 +12,7 @@ import os
 import pickle
 import sys
 import types
+import warnings
 import zlib
 from pathlib import Path
 
@@ -374,23 +375,33 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch):
     return calls, tables
 
 
-def test_hub_configs_are_concatenated_and_unpinned_revision_warns(fake_hub) -> None:
+def test_hub_configs_are_concatenated_at_the_pinned_revision(fake_hub) -> None:
     calls, tables = fake_hub
     tables["AIME2025-I"] = [{"question": "q1", "answer": "070", "extra": 1}]
     tables["AIME2025-II"] = [{"question": "q2", "answer": "5", "extra": 2}]
-    with pytest.warns(UserWarning, match="'main' of opencompass/AIME2025 is not a pinned commit") as rec:
+    pin = "a6ad95f611d72cf628a80b58bd0432ef6638f958"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a pinned revision loads without the unpinned warning
         records = load_benchmark("aime25")
-    # the warning names today's commit so the user pins it in one edit
-    assert any(f"put `revision: {'a' * 40}` in its spec" in str(w.message) for w in rec)
     assert calls == [
-        ("opencompass/AIME2025", "AIME2025-I", "main", "test", None),
-        ("opencompass/AIME2025", "AIME2025-II", "main", "test", None),
+        ("opencompass/AIME2025", "AIME2025-I", pin, "test", None),
+        ("opencompass/AIME2025", "AIME2025-II", pin, "test", None),
     ]
     assert [(r["id"], r["prompt"], r["answer"]) for r in records] == [
         ("aime25-0", "q1", "70"),
         ("aime25-1", "q2", "5"),
     ]
-    assert records.source == "hf://datasets/opencompass/AIME2025@main"
+    assert records.source == f"hf://datasets/opencompass/AIME2025@{pin}"
+
+
+def test_unpinned_hub_revision_warns_and_names_todays_commit(fake_hub) -> None:
+    calls, tables = fake_hub
+    tables[None] = [{"problem": "p", "solution": "so \\boxed{3}"}]
+    with pytest.warns(UserWarning, match="'main' of knoveleng/Minerva-Math is not a pinned commit") as rec:
+        records = load_benchmark("minerva")
+    # the warning names today's commit so the user pins it in one edit
+    assert any(f"put `revision: {'a' * 40}` in its spec" in str(w.message) for w in rec)
+    assert calls[0][2] == "main" and records[0]["answer"] == "3"
 
 
 def test_hub_livecodebench_reads_raw_files_with_private_tests(fake_hub) -> None:

@@ -6,6 +6,7 @@ import json
 import shutil
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,9 @@ def test_tiny_dataset_with_the_real_task() -> None:
     assert {r["prompt"] for r in records}.isdisjoint({t["prompt"] for t in test})
 
 
+DAPO_PIN = "65877096c24ffa7abc4e4fa5edb95cf3413a5674"
+
+
 def test_dapo_from_the_hub_is_deduplicated(monkeypatch: pytest.MonkeyPatch) -> None:
     datasets = pytest.importorskip("datasets")
     monkeypatch.delenv("AGGBENCH_DATA_DIR", raising=False)
@@ -175,14 +179,15 @@ def test_dapo_from_the_hub_is_deduplicated(monkeypatch: pytest.MonkeyPatch) -> N
     selected: list[list[str]] = []
 
     def load_dataset(path, name=None, *, revision=None, split=None, data_files=None):
-        assert (path, revision, split) == ("BytedTsinghua-SIA/DAPO-Math-17k", "main", "train")
+        assert (path, revision, split) == ("BytedTsinghua-SIA/DAPO-Math-17k", DAPO_PIN, "train")
         ds = datasets.Dataset.from_list(rows)
         real_select = ds.select_columns
         ds.select_columns = lambda cols: selected.append(cols) or real_select(cols)
         return ds
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    with pytest.warns(UserWarning, match="not a pinned commit"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # pinned: no unpinned-revision warning
         records = load_training_dataset(spec)
     assert records == [
         {"id": "u1", "prompt": "P1", "answer": "1"},
