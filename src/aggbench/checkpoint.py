@@ -4,6 +4,8 @@ Layout of a run directory::
 
     <run>/checkpoints/step_<N>/        model + tokenizer (save_pretrained: what the evaluator loads)
                                       trainer_state.pt (optimizer, scheduler, RNG; latest only)
+                                      sharded/ (multi-rank FSDP only: model + optimizer shards,
+                                      torch.distributed.checkpoint; latest only)
                                       COMPLETE (written last, inside the temporary directory)
     <run>/metrics.jsonl                one line per finished step (the source of truth)
     <run>/.lock                        flock held by the process training this run
@@ -25,6 +27,7 @@ import torch
 
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
+SHARDED_DIR = "sharded"
 _STEP_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -114,17 +117,25 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     *,
     fault: Any = None,
+    state_dict: dict[str, Any] | None = None,
+    extra: Any = None,
 ) -> Path:
-    """Write ``step_<N>`` atomically; ``fault(point)`` is the crash-test hook (None in real runs)."""
+    """Write ``step_<N>`` atomically; ``fault(point)`` is the crash-test hook (None in real runs).
+
+    ``state_dict``: the model's full state dict when ``model`` cannot give it (FSDP-sharded);
+    ``extra(tmp)`` writes more files into the temporary directory before it is completed.
+    """
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
     if fault is not None:
         fault("checkpoint_write")
+    if extra is not None:
+        extra(tmp)
     torch.save(trainer_state, tmp / STATE_FILE)
     (tmp / COMPLETE).write_text(f"{step}\n")
     _fsync_dir(tmp)
@@ -145,6 +156,7 @@ def apply_retention(run_dir: Path, latest: int, keep_weights: str, eval_steps: l
             continue
         d = checkpoint_dir(run_dir, step)
         (d / STATE_FILE).unlink(missing_ok=True)
+        shutil.rmtree(d / SHARDED_DIR, ignore_errors=True)
         if keep_weights == "eval_steps" and step not in eval_steps:
             shutil.rmtree(d, ignore_errors=True)
 

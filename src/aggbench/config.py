@@ -108,6 +108,14 @@ class RolloutConfig(_Strict):
     save_rollouts: int = Field(
         16, ge=0, description="Rollouts saved per step to rollouts/step_N.jsonl (0 = none)."
     )
+    seed_per_prompt: bool = Field(
+        False,
+        description=(
+            "Sample each prompt group in its own generate call, seeded from (seed, step, the prompt's "
+            "position in the step): rollouts then do not depend on how a step's prompts are split over "
+            "ranks, so N processes reproduce the one-process run. Slower with the hf engine."
+        ),
+    )
 
 
 class CheckpointConfig(_Strict):
@@ -117,6 +125,24 @@ class CheckpointConfig(_Strict):
     )
     eval_steps: list[int] = Field(
         default_factory=list, description="Steps whose weights are kept for evaluation."
+    )
+
+
+class DistributedConfig(_Strict):
+    """How a run launched by torchrun on several processes (one per GPU) trains; one process ignores it."""
+
+    strategy: Literal["fsdp", "ddp", "none"] = Field(
+        "fsdp",
+        description=(
+            "fsdp: FSDP2 shards parameters, gradients and optimizer state over the ranks; ddp: every "
+            "rank holds the whole model and gradients are summed (small models); none: refuse to run "
+            "on more than one process. Gradients are always SUMMED over ranks (the rule's weights "
+            "already cover the whole mini-batch)."
+        ),
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward pass: less memory, more compute.",
     )
 
 
@@ -147,6 +173,7 @@ class TrainConfig(_Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
 
     @field_validator("cell_id")
     @classmethod

@@ -17,14 +17,19 @@ Design decisions, stated first:
 6. Crash tests inject faults at named points: ``AGGBENCH_FAULT=<point>:<step>`` makes the process
    die with ``os._exit`` (no cleanup, like a kill) at ``mid_step``, ``after_metrics`` or
    ``checkpoint_write``.
+7. Under ``torchrun`` every rank runs this same loop on its own share of the step's prompt groups;
+   the weights come from the whole batch (all-gathered), gradients are summed over ranks, and rank 0
+   alone writes metrics, rollouts, MLflow and the run lock (``aggbench.parallel`` says how). One
+   process is the special case of one rank.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import logging
-import math
 import os
 import random
 import sys
@@ -34,18 +39,13 @@ from typing import Any
 
 import torch
 
-from aggbench import batching
+from aggbench import batching, parallel
 from aggbench.advantages import get_advantage
 from aggbench.aggregation import load_plugins, make_instance
 from aggbench.aggregation.diagnostics import diagnostics
-from aggbench.checkpoint import (
-    RunLock,
-    apply_retention,
-    clean_partial,
-    latest_resumable,
-    save_checkpoint,
-)
+from aggbench.checkpoint import apply_retention, clean_partial, latest_resumable
 from aggbench.config import TrainConfig, dump_config
+from aggbench.distributed import gather_minibatch
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_tags
 from aggbench.update import LossSettings, accumulate_gradients, fixed_logprobs, minibatch_weights
 
@@ -83,14 +83,14 @@ def load_records(path: str) -> list[dict[str, Any]]:
     return records
 
 
-def _device_and_dtype(cfg: TrainConfig) -> tuple[torch.device, torch.dtype, Any]:
+def _device_and_dtype(cfg: TrainConfig, ranks: parallel.Ranks) -> tuple[torch.device, torch.dtype, Any]:
     dev = cfg.device
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(dev)
+    device = ranks.device or torch.device(dev)
     if cfg.precision == "fp64":
         return device, torch.float64, contextlib.nullcontext
-    if cfg.precision == "bf16":
+    if cfg.precision == "bf16" and not ranks.fsdp:  # (FSDP: its MixedPrecisionPolicy casts instead)
         # fp32 master weights and optimizer state; bf16 autocast for forward passes and generation
         return device, torch.float32, lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return device, torch.float32, contextlib.nullcontext
@@ -99,14 +99,23 @@ def _device_and_dtype(cfg: TrainConfig) -> tuple[torch.device, torch.dtype, Any]
 def train(
     cfg: TrainConfig, out_dir: str | Path, *, until_step: int | None = None, quiet: bool = False
 ) -> dict:
-    """Train ``cfg``'s cell into ``out_dir`` up to ``until_step`` (default: the end). Returns a summary."""
+    """Train ``cfg``'s cell into ``out_dir`` up to ``until_step`` (default: the end). Returns a summary.
+
+    Under torchrun every rank calls this (design decision 7).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with RunLock(out):
-        return _train_locked(cfg, out, until_step, quiet)
+    ranks = parallel.setup(cfg)
+    try:
+        with parallel.run_lock(out, ranks):
+            return _train_locked(cfg, out, until_step, quiet or not ranks.main, ranks)
+    finally:
+        parallel.teardown(ranks)
 
 
-def _train_locked(cfg: TrainConfig, out: Path, until_step: int | None, quiet: bool) -> dict:
+def _train_locked(
+    cfg: TrainConfig, out: Path, until_step: int | None, quiet: bool, ranks: parallel.Ranks
+) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from aggbench.rewards import RewardFn
@@ -126,37 +135,39 @@ def _train_locked(cfg: TrainConfig, out: Path, until_step: int | None, quiet: bo
     adv_kwargs = (
         {"std": cfg.advantage.std, "eps": cfg.advantage.eps} if cfg.advantage.estimator == "grpo" else {}
     )
-    device, dtype, autocast = _device_and_dtype(cfg)
-    dump_config(cfg, out / "config.resolved.yaml")
+    device, dtype, autocast = _device_and_dtype(cfg, ranks)
+    main = ranks.main
+    if main:
+        dump_config(cfg, out / "config.resolved.yaml")
+        clean_partial(out)
+    ranks.barrier()
 
     # ---- resume point: the latest complete checkpoint with trainer state
-    clean_partial(out)
     start = latest_resumable(out) or 0
     if start >= last:
         log.info("%s: already at step %d (asked for %d); nothing to do", cfg.resolved_cell_id, start, last)
         return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": start}
     model_dir = out / "checkpoints" / f"step_{start}" if start else Path(cfg.model.path)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model = parallel.prepare_model(model, ranks, cfg, device)  # this device; FSDP: sharded
     model.train()
     ref_model = None
     if a.kl_coef > 0:
-        ref_model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).to(device).eval()
-        ref_model.requires_grad_(False)
+        ref_model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).requires_grad_(False)
+        ref_model = parallel.prepare_model(ref_model, ranks, cfg, device, trainable=False).eval()
     optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=a.betas, weight_decay=a.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda k: min(1.0, (k + 1) / a.warmup_steps) if a.warmup_steps else 1.0
     )
-    if start:
-        state = torch.load(out / "checkpoints" / f"step_{start}" / "trainer_state.pt", weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
+    if start:  # optimizer (FSDP: and model shards), scheduler, RNG
+        state = parallel.load(out, start, model, optimizer, ranks)
         scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
     metrics_log = MetricsLog(out / "metrics.jsonl")
-    metrics_log.truncate_after(start)
+    if main:
+        metrics_log.truncate_after(start)
     tracker = None
-    if cfg.tracking.enabled:
+    if cfg.tracking.enabled and main:
         uri = resolve_tracking_uri(cfg.tracking.tracking_uri, out)
         tracker = MlflowRun(uri, cfg.tracking.experiment, cfg.resolved_cell_id, out)
         tracker.set_tags(run_tags(cfg, plugin_files))
@@ -186,11 +197,13 @@ def _train_locked(cfg: TrainConfig, out: Path, until_step: int | None, quiet: bo
     try:
         for step in bar:
             t0 = time.perf_counter()
-            # ---- 1. rollouts: G samples per prompt (dynamic sampling refills zero-variance groups)
+            # ---- 1. rollouts: G samples per prompt (dynamic sampling refills zero-variance groups);
+            # this rank's share of the prompts, group ids = positions in the step's prompt list
             idx = batching.prompt_indices(len(records), a.prompts_per_step, cfg.seed, step)
-            with autocast():
+            slots = parallel.my_groups(len(idx), ranks)
+            with autocast(), parallel.full_params(model, ranks):
                 roll, recs, rewards, ds_rounds = _rollouts_with_rewards(
-                    cfg, engine, tokenizer, records, idx, step, reward_fn, prompt_kw
+                    cfg, engine, tokenizer, records, idx, slots, step, reward_fn, prompt_kw, ranks.rank
                 )
             t_gen = time.perf_counter() - t0
             # ---- 2. rewards -> group advantages (overlong shaping first)
@@ -216,30 +229,42 @@ def _train_locked(cfg: TrainConfig, out: Path, until_step: int | None, quiet: bo
             # ---- 3. updates: weights of each mini-batch computed once, before micro-batching
             t1 = time.perf_counter()
             upd = _update(
-                cfg, model, ref_model, optimizer, scheduler, batch, mask, adv, gids, rule, autocast, step
+                cfg,
+                ranks,
+                model,
+                ref_model,
+                optimizer,
+                scheduler,
+                batch,
+                mask,
+                adv,
+                gids,
+                rule,
+                autocast,
+                step,
             )
             engine.sync_weights(model)  # vLLM: push the updated policy; HF shares the weights
             t_upd = time.perf_counter() - t1
-            # ---- 4. metrics (source of truth first), rollouts sample, checkpoint, MLflow
-            row = _step_metrics(
-                step, rewards, roll, mask, adv, gids, rule, upd, t_gen, t_upd, ds_rounds, scheduler
+            # ---- 4. metrics (source of truth first; whole batch, on rank 0), rollouts, checkpoint, MLflow
+            sample = _rollout_rows(step, roll, recs, rewards, adv, cfg.rollout.save_rollouts)
+            parts = parallel.gather_to_main(
+                (rewards, roll.finished, upd["unit_loss"], sample, ds_rounds), ranks
             )
-            metrics_log.append(row)
-            _save_rollouts(out, step, roll, recs, rewards, adv, cfg.rollout.save_rollouts)
+            if main:
+                row = _step_metrics(step, parts, rule, upd, t_gen, t_upd, scheduler)
+                metrics_log.append(row)
+                _save_rollouts(out, step, parts, cfg.rollout.save_rollouts)
             if step % cfg.checkpoint.every == 0 or step == last:
                 fault("after_metrics", step)
-                state = {
-                    "step": step,
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "torch_rng": torch.get_rng_state(),
-                    "python_rng": random.getstate(),
-                }
-                save_checkpoint(out, step, model, tokenizer, state, fault=lambda p, _s=step: fault(p, _s))
-                apply_retention(out, step, cfg.checkpoint.keep_weights, cfg.checkpoint.eval_steps)
+                state = {"step": step, "scheduler": scheduler.state_dict()}
+                at_step = functools.partial(fault, step=step)
+                parallel.save(out, step, model, tokenizer, optimizer, state, ranks, fault=at_step)
+                if main:
+                    apply_retention(out, step, cfg.checkpoint.keep_weights, cfg.checkpoint.eval_steps)
                 if tracker is not None:
                     tracker.sync(metrics_log.read(), upto=step)
-            _report(bar, quiet, cfg.resolved_cell_id, row, a.total_steps)
+            if main:
+                _report(bar, quiet, cfg.resolved_cell_id, row, a.total_steps)
         if tracker is not None and last == a.total_steps:
             tracker.set_terminated("FINISHED")
     finally:
@@ -247,27 +272,24 @@ def _train_locked(cfg: TrainConfig, out: Path, until_step: int | None, quiet: bo
     return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": last}
 
 
-def _rollouts_with_rewards(cfg, engine, tokenizer, records, idx, step, reward_fn, prompt_kw):
-    """Generate, grade, and (dynamic sampling) refill zero-variance groups; returns whole groups."""
+def _rollouts_with_rewards(cfg, engine, tokenizer, records, idx, slots, step, reward_fn, prompt_kw, rank):
+    """Generate, grade, and (dynamic sampling) refill zero-variance groups; returns whole groups.
+
+    idx: the step's dataset indices; slots: the positions in ``idx`` this rank samples, which become
+    the (globally unique) group ids of the groups kept, in order. recs: {group id: record}.
+    """
     from aggbench.prompts import encode_prompts
     from aggbench.rollout.base import Rollouts
 
     a, s = cfg.algorithm, cfg.sampling
     kept, kept_recs, kept_rewards, rounds = [], [], [], 0
-    pending = list(idx)
-    rng = random.Random(cfg.seed * 7919 + step)
+    pending, keys = [idx[j] for j in slots], [("p", j) for j in slots]
+    rng = random.Random(cfg.seed * 7919 + step + 1_000_003 * rank)
     while True:
         recs = [records[i] for i in pending]
         texts = [cfg.dataset.prompt_template.replace("{prompt}", r["prompt"]) for r in recs]
         ids = encode_prompts(tokenizer, texts, max_tokens=s.max_prompt_tokens, **prompt_kw)
-        roll = engine.generate(
-            ids,
-            n=a.group_size,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            max_new_tokens=s.max_new_tokens,
-            seed=cfg.seed * 1_000_003 + step * 101 + rounds,
-        )
+        roll = _generate(cfg, engine, ids, step, rounds, keys, rank)
         rewards = reward_fn(roll.texts, [recs[g]["answer"] for g in roll.group])
         for g in range(len(recs)):
             rows = [i for i in range(len(roll)) if roll.group[i] == g]
@@ -280,48 +302,81 @@ def _rollouts_with_rewards(cfg, engine, tokenizer, records, idx, step, reward_fn
             kept_recs.append(recs[g])
             kept_rewards.extend(r)
         rounds += 1
-        short = a.prompts_per_step - len(kept)
+        short = len(slots) - len(kept)
         if not a.dynamic_sampling or short <= 0 or rounds > a.dynamic_sampling_max_rounds:
             break
         pending = [rng.randrange(len(records)) for _ in range(short)]
-    if a.dynamic_sampling and len(kept) > a.prompts_per_step:
-        kept, kept_recs = kept[: a.prompts_per_step], kept_recs[: a.prompts_per_step]
-        kept_rewards = kept_rewards[: a.prompts_per_step * a.group_size]
-    if not kept:  # every group had zero variance even after refills: train on the last draw (no signal)
-        return roll, recs, rewards, rounds
-    return Rollouts.concat(kept), kept_recs, kept_rewards, rounds
+        keys = [("r", rank, k) for k in range(short)]
+    if a.dynamic_sampling and len(kept) > len(slots):
+        kept, kept_recs = kept[: len(slots)], kept_recs[: len(slots)]
+        kept_rewards = kept_rewards[: len(slots) * a.group_size]
+    if kept:
+        roll, recs, rewards = Rollouts.concat(kept), kept_recs, kept_rewards
+    # else every group had zero variance even after refills: train on the last draw (no signal)
+    roll.group = [slots[g] for g in roll.group]
+    return roll, {slots[g]: rec for g, rec in enumerate(recs)}, rewards, rounds
+
+
+def _generate(cfg, engine, ids, step, rounds, keys, rank):
+    """G samples of each prompt; with ``rollout.seed_per_prompt`` each group on its own seed."""
+    from aggbench.rollout.base import Rollouts
+
+    a, s = cfg.algorithm, cfg.sampling
+    kw = {
+        "n": a.group_size,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "max_new_tokens": s.max_new_tokens,
+    }
+    if not cfg.rollout.seed_per_prompt:
+        return engine.generate(
+            ids, seed=cfg.seed * 1_000_003 + step * 101 + rounds + rank * 7_919_000_003, **kw
+        )
+    parts = []
+    for g, (prompt, key) in enumerate(zip(ids, keys, strict=True)):
+        digest = hashlib.sha256(repr((cfg.seed, step, rounds, key)).encode()).digest()
+        part = engine.generate([prompt], seed=int.from_bytes(digest[:7], "little"), **kw)
+        part.group = [g] * len(part)
+        parts.append(part)
+    return Rollouts.concat(parts)
 
 
 def _update(
-    cfg, model, ref_model, optimizer, scheduler, batch, mask, adv, gids, rule, autocast, step
+    cfg, ranks, model, ref_model, optimizer, scheduler, batch, mask, adv, gids, rule, autocast, step
 ) -> dict:
-    """ppo_epochs x mini_batches optimiser updates on one rollout batch (design decision 3)."""
+    """ppo_epochs x mini_batches optimiser updates on one rollout batch (design decision 3).
+
+    ``batch`` holds this rank's rows (all of them on one process); the weights of every mini-batch
+    come from the whole batch's (lengths, advantages, group ids), all-gathered into ``view``.
+    """
     a = cfg.algorithm
     settings = _loss_settings(cfg)
-    old = fixed_logprobs(model, batch, settings, autocast) if a.ppo_epochs * a.mini_batches > 1 else None
-    ref = fixed_logprobs(ref_model, batch, settings, autocast) if ref_model is not None else None
+    with parallel.full_params(model, ranks):
+        old = fixed_logprobs(model, batch, settings, autocast) if a.ppo_epochs * a.mini_batches > 1 else None
+    with parallel.full_params(ref_model, ranks):
+        ref = fixed_logprobs(ref_model, batch, settings, autocast) if ref_model is not None else None
+    view = gather_minibatch(mask.sum(1), adv, gids)  # rows of every rank, rank order
+    view.mask = _widen(view.mask, parallel.max_over_ranks(mask.shape[1], ranks))  # the batch's width
+    row_map = view.row_map()  # position in the view -> this rank's row (-1: another rank's)
     unit_loss = torch.zeros(mask.shape, dtype=torch.float64)
-    sums = {
-        "pg_loss": 0.0,
-        "kl": 0.0,
-        "entropy": 0.0,
-        "clipped": 0.0,
-        "tokens": 0.0,
-        "grad_norm": 0.0,
-        "updates": 0,
-    }
+    sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0}
+    norms = []
     for epoch in range(a.ppo_epochs):
-        for mb in batching.split_groups(gids, a.mini_batches):
-            eff, aux_w = minibatch_weights(rule, mask[mb], adv[mb], gids[mb], a.aux_reduction)  # once
+        for mb in batching.split_groups(view.group_ids, a.mini_batches):
+            eff, aux_w = minibatch_weights(
+                rule, view.mask[mb], view.advantages[mb], view.group_ids[mb], a.aux_reduction
+            )  # once, on the whole mini-batch
+            local = torch.nonzero(row_map[mb] >= 0).flatten()  # this rank's part of it
+            owed = parallel.missing_passes(len(local), settings.micro_batch_size, ranks)
             stats = accumulate_gradients(
                 model,
                 batch,
                 mask,
                 adv,
-                mb,
-                torch.arange(len(mb)),
-                eff,
-                aux_w,
+                row_map[mb],
+                local,
+                _widen(eff, mask.shape[1]),
+                _widen(aux_w, mask.shape[1]),
                 settings,
                 old=old,
                 ref=ref,
@@ -329,16 +384,20 @@ def _update(
                 unit_loss_out=unit_loss if epoch == 0 else None,
                 after_backward=lambda: fault("mid_step", step),
             )
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm or math.inf)
+            parallel.finish_backward(model, batch, owed, settings, autocast, ranks)  # SUM over ranks
+            norms.append(parallel.clip_grad_norm(model, a.max_grad_norm))
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             for k, v in stats.items():
                 sums[k] += v
-            sums["grad_norm"] += float(norm)
-            sums["updates"] += 1
-    sums["unit_loss"] = unit_loss
-    return sums
+    sums = parallel.sum_over_ranks(sums, ranks)
+    return {**sums, "grad_norm": sum(norms), "updates": len(norms), "unit_loss": unit_loss, "view": view}
+
+
+def _widen(x: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, T] -> [B, max(T, width)], zero-padded on the right (weights of padding are zero)."""
+    return torch.nn.functional.pad(x, (0, width - x.shape[1])) if x.shape[1] < width else x
 
 
 def _loss_settings(cfg: TrainConfig) -> LossSettings:
@@ -355,20 +414,25 @@ def _loss_settings(cfg: TrainConfig) -> LossSettings:
     )
 
 
-def _dev(model) -> torch.device:
-    return next(model.parameters()).device
-
-
-def _step_metrics(
-    step, rewards, roll, mask, adv, gids, rule, upd, t_gen, t_upd, ds_rounds, scheduler
-) -> dict:
+def _step_metrics(step, parts, rule, upd, t_gen, t_upd, scheduler) -> dict:
+    """One metrics row of the whole batch; ``parts``: every rank's (rewards, finished, unit loss
+    [b, T], rollout rows, dynamic-sampling rounds) in rank order, the order of ``upd["view"]``."""
+    view = upd["view"]
+    mask, adv, gids = view.mask, view.advantages, view.group_ids
+    unit_loss = torch.zeros(mask.shape, dtype=torch.float64)
+    at = 0
+    for _, _, ul, _, _ in parts:
+        w = min(ul.shape[1], mask.shape[1])
+        unit_loss[at : at + ul.shape[0], :w] = ul[:, :w]
+        at += ul.shape[0]
+    finished = [f for p in parts for f in p[1]]
     n_upd = max(upd["updates"], 1)
-    r = torch.tensor(rewards, dtype=torch.float64)
+    r = torch.tensor([x for p in parts for x in p[0]], dtype=torch.float64)
     tokens = int(mask.sum())
     row: dict[str, Any] = {"step": step, "time": time.time()}
     row["reward/mean"] = float(r.mean())
     row["accuracy"] = float((r > 0.5).double().mean())
-    row["response/truncated_frac"] = 1.0 - sum(roll.finished) / len(roll)
+    row["response/truncated_frac"] = 1.0 - sum(finished) / len(finished)
     row["loss/pg"] = upd["pg_loss"] / n_upd
     row["loss/kl"] = upd["kl"] / n_upd
     row["entropy"] = upd["entropy"] / n_upd
@@ -378,36 +442,42 @@ def _step_metrics(
     row["time/generate_s"] = t_gen
     row["time/update_s"] = t_upd
     row["tokens_per_s"] = tokens / max(t_gen + t_upd, 1e-9)
-    row["dynamic_sampling/rounds"] = ds_rounds
-    row.update(diagnostics(mask, adv, gids, instances={rule.name: rule}, unit_loss=upd["unit_loss"]))
+    row["dynamic_sampling/rounds"] = max(p[4] for p in parts)
+    row.update(diagnostics(mask, adv, gids, instances={rule.name: rule}, unit_loss=unit_loss))
     return row
 
 
-def _save_rollouts(out: Path, step: int, roll, recs, rewards, adv, n: int) -> None:
+def _rollout_rows(step: int, roll, recs, rewards, adv, n: int) -> list[dict]:
+    """The first ``n`` rollouts of this rank as rollouts/step_N.jsonl rows."""
+    rows = []
+    for i in range(min(n, len(roll))):
+        rec = recs[roll.group[i]]
+        rows.append(
+            {
+                "step": step,
+                "group": roll.group[i],
+                "id": rec.get("id"),
+                "prompt": rec["prompt"],
+                "answer": rec["answer"],
+                "response": roll.texts[i],
+                "length": len(roll.response_ids[i]),
+                "finished": roll.finished[i],
+                "reward": rewards[i],
+                "advantage": float(adv[i]),
+            }
+        )
+    return rows
+
+
+def _save_rollouts(out: Path, step: int, parts, n: int) -> None:
+    """The first ``n`` rollouts of the step in group order (groups are whole on one rank)."""
     if n <= 0:
         return
+    rows = sorted((row for p in parts for row in p[3]), key=lambda row: row["group"])[:n]
     d = out / "rollouts"
     d.mkdir(exist_ok=True)
     with open(d / f"step_{step}.jsonl", "w") as fh:
-        for i in range(min(n, len(roll))):
-            rec = recs[roll.group[i]]
-            fh.write(
-                json.dumps(
-                    {
-                        "step": step,
-                        "group": roll.group[i],
-                        "id": rec.get("id"),
-                        "prompt": rec["prompt"],
-                        "answer": rec["answer"],
-                        "response": roll.texts[i],
-                        "length": len(roll.response_ids[i]),
-                        "finished": roll.finished[i],
-                        "reward": rewards[i],
-                        "advantage": float(adv[i]),
-                    }
-                )
-                + "\n"
-            )
+        fh.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 def _progress(steps, quiet: bool, cell: str, *, initial: int, total: int):

@@ -25,6 +25,19 @@ def train_inputs(wildcards):
     return {"model": model_dir(model), "data": data_file(CELLS[wildcards.cell].dataset)}
 
 
+def train_launcher(wildcards, threads):
+    """`aggbench`, or torchrun with one process per GPU when the cell's train job asks for more than
+    one (one node; the trainer shards the model with FSDP2, see aggbench.parallel), the job's
+    threads split between the processes."""
+    gpus = int(_resource_value("train", model_of_cell(wildcards), "gpus") or 0)
+    if gpus <= 1:
+        return "aggbench"
+    return (
+        f"OMP_NUM_THREADS={max(1, int(threads) // gpus)} "
+        f"torchrun --standalone --nproc_per_node {gpus} -m aggbench.cli"
+    )
+
+
 rule train:
     input:
         unpack(train_inputs),
@@ -37,10 +50,11 @@ rule train:
         f"{R}/logs/train/{{cell}}/step_{{step}}.log",
     params:
         run_dir=lambda wildcards: run_dir(wildcards.cell),
+        launch=train_launcher,
     threads: rule_threads("train", model_of_cell)
     resources:
         **rule_resources("train", model_of_cell),
     shell:
         "{JOB_ENV} export OMP_NUM_THREADS={threads}; "
-        "aggbench train --config {input.cell} --out {params.run_dir} --until-step {wildcards.step} "
+        "{params.launch} train --config {input.cell} --out {params.run_dir} --until-step {wildcards.step} "
         "--quiet > {log} 2>&1"

@@ -1,0 +1,51 @@
+"""Run under torchrun: the real trainer (``aggbench.train.train``) on several cells, one after another.
+
+Usage: torchrun --nproc_per_node N fsdp_worker.py PLAN.json RESULT.json
+PLAN.json is a list of runs: {"config": cell YAML, "out": run dir, "until": step or null,
+"slip": bool, "expect_error": bool}. ``slip`` re-creates the mean-vs-sum mistake for that run:
+FSDP2 keeps its default gradient reduction (the mean over ranks) because ``sum_gradients`` does
+nothing. A run with ``expect_error`` records the error's type and message instead of failing.
+Rank 0 writes {out: "ok" | "<ErrorType>: message"} to RESULT.json.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+import aggbench.parallel
+from aggbench.config import load_train_config
+from aggbench.train import train
+
+
+def main() -> None:
+    plan, result_path = json.loads(Path(sys.argv[1]).read_text()), sys.argv[2]
+    # one group for every run (train() joins it, does not end it); a collective that does not pair
+    # up fails within minutes instead of hanging for gloo's default 30
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=3))
+    results = {}
+    honest = aggbench.parallel.sum_gradients
+    for run in plan:
+        if run.get("slip"):
+            aggbench.parallel.sum_gradients = lambda module: None  # FSDP2's default: the mean
+        try:
+            train(load_train_config(run["config"]), run["out"], until_step=run.get("until"), quiet=True)
+            results[run["out"]] = "ok"
+        except Exception as exc:
+            if not run.get("expect_error"):
+                raise
+            results[run["out"]] = f"{type(exc).__name__}: {exc}"
+        finally:
+            aggbench.parallel.sum_gradients = honest
+    if dist.get_rank() == 0:
+        with open(result_path, "w") as fh:
+            json.dump(results, fh)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
