@@ -7,6 +7,7 @@ is written next to a run's outputs and its hash tags the MLflow run.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -204,6 +205,72 @@ class TrainConfig(_Strict):
         data["model"].pop("path", None)
         data["dataset"].pop("path", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# Fields that may change between the segments of one run without changing what is trained: where
+# things are, how they are logged and checkpointed, CPU threads, how many rollouts are kept, and the
+# run's length (extending total_steps continues the same run). Everything else changes the math.
+RESUME_MUTABLE: tuple[str, ...] = (
+    "model.path",
+    "dataset.path",
+    "threads",
+    "device",
+    "plugins",
+    "tracking",
+    "checkpoint",
+    "rollout.batch_size",
+    "rollout.save_rollouts",
+    "algorithm.total_steps",
+)
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: data}
+
+
+def resume_conflicts(previous: dict[str, Any], current: TrainConfig) -> list[str]:
+    """Dotted keys whose values differ between a run's stored resolved config and ``current``,
+    ignoring RESUME_MUTABLE. Resuming with any of them changed would splice two experiments into
+    one run (its metrics, checkpoints and MLflow run would mix both)."""
+    # fill in fields added since the run started with their defaults (not a change); if a field was
+    # removed or renamed since, the stored config does not validate and is compared as stored
+    with contextlib.suppress(ValidationError):
+        previous = TrainConfig.model_validate(previous).model_dump(mode="json")
+    old, new = _flatten(previous), _flatten(current.model_dump(mode="json"))
+
+    def mutable(key: str) -> bool:
+        return any(key == m or key.startswith(m + ".") for m in RESUME_MUTABLE)
+
+    keys = sorted(k for k in set(old) | set(new) if not mutable(k))
+    # json round trip: tuples stored by YAML as lists compare equal to the model's lists
+    return [
+        f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
+        for k in keys
+        if json.dumps(old.get(k), sort_keys=True) != json.dumps(new.get(k), sort_keys=True)
+    ]
+
+
+def check_resume(run_dir: str | Path, current: TrainConfig, *, allow_change: bool = False) -> None:
+    """Refuse to resume ``run_dir`` (which has a checkpoint) when its stored resolved config differs
+    from ``current`` in a field that changes training. Raises ConfigError naming each field and the fixes."""
+    stored = Path(run_dir) / "config.resolved.yaml"
+    if allow_change or not stored.exists():
+        return
+    previous = yaml.safe_load(stored.read_text()) or {}
+    diff = resume_conflicts(previous, current)
+    if diff:
+        raise ConfigError(
+            f"{run_dir} was trained with a different config; resuming would mix two experiments in "
+            "one run. Changed fields:\n  "
+            + "\n  ".join(diff)
+            + "\nFix: restore those values, train into a new --out directory, or pass "
+            "--allow-config-change to continue this run with the new values on purpose."
+        )
 
 
 class ConfigError(ValueError):

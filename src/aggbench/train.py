@@ -44,7 +44,7 @@ from aggbench.advantages import get_advantage
 from aggbench.aggregation import load_plugins, make_instance
 from aggbench.aggregation.diagnostics import diagnostics
 from aggbench.checkpoint import apply_retention, clean_partial, latest_resumable
-from aggbench.config import TrainConfig, dump_config
+from aggbench.config import TrainConfig, check_resume, dump_config
 from aggbench.distributed import gather_minibatch
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_tags
 from aggbench.update import LossSettings, accumulate_gradients, fixed_logprobs, minibatch_weights
@@ -97,14 +97,22 @@ def _device_and_dtype(cfg: TrainConfig, ranks: parallel.Ranks) -> tuple[torch.de
 
 
 def train(
-    cfg: TrainConfig, out_dir: str | Path, *, until_step: int | None = None, quiet: bool = False
+    cfg: TrainConfig,
+    out_dir: str | Path,
+    *,
+    until_step: int | None = None,
+    quiet: bool = False,
+    allow_config_change: bool = False,
 ) -> dict:
     """Train ``cfg``'s cell into ``out_dir`` up to ``until_step`` (default: the end). Returns a summary.
 
-    Under torchrun every rank calls this (design decision 7).
+    Under torchrun every rank calls this (design decision 7). A run directory is one experiment:
+    resuming it with a config that changes training is refused (``config.check_resume``).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if latest_resumable(out):  # every rank checks, before anything is written
+        check_resume(out, cfg, allow_change=allow_config_change)
     ranks = parallel.setup(cfg)
     try:
         with parallel.run_lock(out, ranks):

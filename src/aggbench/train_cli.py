@@ -31,8 +31,18 @@ def _parse_set(values: tuple[str, ...]) -> dict:
     "--set", "overrides", multiple=True, help="Override a config field: dotted.key=value (repeatable)."
 )
 @click.option("--quiet", is_flag=True, help="One line per step instead of a progress bar (cluster logs).")
+@click.option(
+    "--allow-config-change",
+    is_flag=True,
+    help="Resume even though the config changes training (the run then mixes both configs).",
+)
 def command(
-    config_path: str, out_dir: str, until_step: int | None, overrides: tuple[str, ...], quiet: bool
+    config_path: str,
+    out_dir: str,
+    until_step: int | None,
+    overrides: tuple[str, ...],
+    quiet: bool,
+    allow_config_change: bool,
 ) -> None:
     """Train one cell into OUT, resuming from its latest complete checkpoint."""
     from aggbench.checkpoint import RunLockedError
@@ -43,7 +53,13 @@ def command(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_train_config(config_path, _parse_set(overrides))
-        summary = train(cfg, out_dir, until_step=until_step, quiet=quiet or not sys.stderr.isatty())
+        summary = train(
+            cfg,
+            out_dir,
+            until_step=until_step,
+            quiet=quiet or not sys.stderr.isatty(),
+            allow_config_change=allow_config_change,
+        )
     except (ConfigError, RegistryError, RunLockedError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{summary['cell_id']}: steps {summary['start_step']} -> {summary['end_step']}")

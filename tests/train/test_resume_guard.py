@@ -1,0 +1,93 @@
+"""A run directory is one experiment: resuming it with a config that changes training is refused,
+naming each changed field; location, logging, checkpoint and length changes are allowed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from aggbench.config import ConfigError, check_resume, dump_config, load_train_config
+from trainer_support import metrics_rows, write_cell
+
+
+def _cfg(tmp_path: Path, name: str = "cell.yaml", **algorithm):
+    cell = write_cell(tmp_path / name, tmp_path / "model", tmp_path / "data.jsonl", **algorithm)
+    return load_train_config(cell)
+
+
+def test_unchanged_and_mutable_changes_resume(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = _cfg(tmp_path)
+    dump_config(cfg, run / "config.resolved.yaml")
+    check_resume(run, cfg)  # identical
+    moved = cfg.model_copy(deep=True)
+    moved.model.path = "/elsewhere/model"
+    moved.tracking.tracking_uri = "http://mlflow:5000"
+    moved.algorithm.total_steps = 40
+    moved.checkpoint.every = 7
+    moved.threads = 4
+    check_resume(run, moved)
+
+
+def test_changed_training_fields_are_refused_by_name(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = _cfg(tmp_path)
+    dump_config(cfg, run / "config.resolved.yaml")
+    changed = cfg.model_copy(deep=True)
+    changed.algorithm.lr = 1e-3
+    changed.aggregation.name = "token"
+    with pytest.raises(ConfigError) as err:
+        check_resume(run, changed)
+    msg = str(err.value)
+    assert "algorithm.lr: 0.0003 -> 0.001" in msg
+    assert "aggregation.name: 'balanced' -> 'token'" in msg
+    assert "--allow-config-change" in msg and "new --out" in msg
+    assert "total_steps" not in msg
+    check_resume(run, changed, allow_change=True)  # deliberate continuation
+
+
+def test_a_run_without_stored_config_has_nothing_to_guard(tmp_path):
+    check_resume(tmp_path, _cfg(tmp_path, lr=5.0))
+
+
+def _train(cell: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "aggbench.cli", "train", "--config", str(cell), "--out", str(out), "--quiet"]
+    return subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=600)
+
+
+def test_cli_refuses_a_changed_resume_and_continues_when_told(tmp_path, tiny_sft_model, tiny_train_data):
+    cell = write_cell(tmp_path / "cell.yaml", tiny_sft_model, tiny_train_data, steps=2, every=1)
+    out = tmp_path / "run"
+    first = _train(cell, out, "--until-step", "1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    bad = _train(cell, out, "--set", "algorithm.lr=0.01")
+    assert bad.returncode != 0
+    assert "algorithm.lr: 0.0003 -> 0.01" in bad.stderr, bad.stderr[-2000:]
+    assert [r["step"] for r in metrics_rows(out)] == [1]  # nothing trained, nothing lost
+    stored = yaml.safe_load((out / "config.resolved.yaml").read_text())
+    assert stored["algorithm"]["lr"] == pytest.approx(3e-4)  # the refusal did not overwrite it
+    ok = _train(cell, out, "--set", "algorithm.lr=0.01", "--allow-config-change")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert [r["step"] for r in metrics_rows(out)] == [1, 2]
+
+
+def test_fields_added_since_the_run_started_count_at_their_defaults(tmp_path):
+    """A run stored before a config field existed resumes when the field is at its default."""
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = _cfg(tmp_path)
+    stored = cfg.model_dump(mode="json")
+    stored.pop("distributed")
+    stored["rollout"].pop("seed_per_prompt")
+    (run / "config.resolved.yaml").write_text(yaml.safe_dump(stored))
+    check_resume(run, cfg)
+    changed = cfg.model_copy(deep=True)
+    changed.rollout.seed_per_prompt = not cfg.rollout.seed_per_prompt
+    with pytest.raises(ConfigError, match="rollout.seed_per_prompt"):
+        check_resume(run, changed)
