@@ -21,6 +21,11 @@ CPU. Why the update equals the one-process update:
   loads it unchanged) and, under FSDP, ``step_N/sharded/``: model and optimizer state written by
   every rank with torch.distributed.checkpoint, which a resume on the same number of ranks loads.
 
+* vLLM rollouts (``rollout.engine: vllm``): every rank runs its own engine in vLLM's torchrun mode
+  (``external_launcher``, data-parallel, tensor_parallel_size 1) on its own prompt groups, and
+  ``sync_weights`` gathers the sharded parameters whole into it after each update
+  (``aggbench.rollout.vllm``).
+
 Rollouts depend on how prompts are split unless ``rollout.seed_per_prompt`` seeds each group's
 sampling from (seed, step, group id); with it (and fp64) N ranks reproduce the one-process run.
 """
@@ -96,11 +101,12 @@ def setup(cfg: TrainConfig) -> Ranks:
             f"torchrun started {world} processes but distributed.strategy is 'none'; "
             "set distributed.strategy to fsdp or ddp, or start one process"
         )
-    if cfg.rollout.engine == "vllm":
+    if cfg.rollout.engine == "vllm" and cfg.rollout.tensor_parallel_size > 1:
         raise ConfigError(
-            f"rollout.engine=vllm with {world} training processes is not supported yet (vLLM inside "
-            "torchrun needs distributed_executor_backend='external_launcher', not wired here); "
-            "set rollout.engine: hf, or train on one GPU"
+            f"rollout.engine=vllm with rollout.tensor_parallel_size={cfg.rollout.tensor_parallel_size} "
+            f"under {world} training processes is not supported: each rank samples its own prompt "
+            "groups, but the ranks of one vLLM tensor-parallel engine must all get the same prompts; "
+            "set rollout.tensor_parallel_size: 1 (one data-parallel vLLM engine per GPU)"
         )
     if a.prompts_per_step % (a.mini_batches * world):
         raise ConfigError(

@@ -269,7 +269,10 @@ def test_dynamic_sampling_with_unequal_ranks_trains(runs):
     ("over", "expected"),
     [
         ({"distributed.strategy": "none"}, "distributed.strategy is 'none'"),
-        ({"rollout.engine": "vllm"}, "rollout.engine=vllm with 2 training processes"),
+        (
+            {"rollout.engine": "vllm", "rollout.tensor_parallel_size": 2},
+            "rollout.tensor_parallel_size=2 under 2 training processes",
+        ),
         ({"algorithm.prompts_per_step": 6}, "prompts_per_step=6 must be a multiple of"),
     ],
 )

@@ -3,13 +3,26 @@
 Kept thin on purpose and on public vLLM APIs only: ``LLM.generate`` with token-id prompts,
 ``SamplingParams``, ``LLM.sleep`` / ``LLM.wake_up`` to free GPU memory during the update, and
 ``LLM.collective_rpc`` to push the trainer's weights into every worker through a small worker
-extension (``WeightSyncExtension``, named by ``worker_extension_cls``). The parts that do not need
-vLLM (request building, weight export) are plain functions tested on CPU; the engine itself is
-tested only where vLLM is installed (tests marked ``gpu``).
+extension (``WeightSyncExtension``, named by ``worker_extension_cls``).
+
+Under torchrun (``WORLD_SIZE`` > 1, multi-GPU training) every training rank builds its own engine
+in vLLM's torchrun mode, ``distributed_executor_backend="external_launcher"`` with
+``data_parallel_size = world / tensor_parallel_size`` (vLLM's ``torchrun_dp_example``): one vLLM
+worker inside each training process, no processes spawned, and the same ``seed`` on every rank.
+The data is split outside vLLM, as that mode expects: each rank generates its own prompt groups
+(``parallel.my_groups``). The trainer's FSDP2 parameters are sharded DTensors; ``export_weights``
+gathers each one whole (``DTensor.full_tensor``, a collective every rank runs in the same order)
+so that each rank's engine receives the full weights.
+
+The parts that do not need vLLM (request building, the engine's arguments, weight export, sharded
+export included) are plain functions tested on CPU; the engine itself is tested only where vLLM is
+installed (tests marked ``gpu``).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from aggbench.rollout.base import Rollouts
@@ -56,25 +69,78 @@ def build_requests(prompts: list[list[int]]) -> list[dict[str, list[int]]]:
     return [{"prompt_token_ids": list(p)} for p in prompts]
 
 
-def export_weights(model: Any, dtype: Any = None) -> list[tuple[str, Any]]:
-    """(name, tensor) pairs to push into vLLM: the HF state dict, tied duplicates dropped.
+def launcher_kwargs(tensor_parallel_size: int, world_size: int) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments that place the engine: one process, or one rank of a torchrun job.
+
+    One process: vLLM's own executor over ``tensor_parallel_size`` GPUs. Under torchrun
+    (``world_size`` > 1): ``external_launcher`` with ``data_parallel_size = world / tp``; vLLM checks
+    that tp x dp equals the torchrun world, so ``tensor_parallel_size`` must divide it.
+    """
+    tp = int(tensor_parallel_size)
+    if tp < 1:
+        raise ValueError(f"rollout.tensor_parallel_size={tp} must be at least 1")
+    if world_size <= 1:
+        return {"tensor_parallel_size": tp}
+    if world_size % tp:
+        raise ValueError(
+            f"rollout.tensor_parallel_size={tp} must divide the {world_size} torchrun processes "
+            "(vLLM runs data_parallel_size = processes / tensor_parallel_size engines); "
+            "change rollout.tensor_parallel_size or the GPU count"
+        )
+    return {
+        "distributed_executor_backend": "external_launcher",
+        "tensor_parallel_size": tp,
+        "data_parallel_size": world_size // tp,
+    }
+
+
+def iter_weights(model: Any, dtype: Any = None) -> Iterator[tuple[str, Any]]:
+    """(name, tensor) pairs to push into vLLM, one at a time: the HF state dict, ties dropped.
 
     vLLM's ``load_weights`` takes Hugging Face parameter names; a tied ``lm_head.weight`` is the
-    embedding itself and is skipped (vLLM ties it on its side). Tensors are detached, made
-    contiguous and cast to ``dtype`` (the engine's, e.g. bfloat16) when given.
+    embedding itself (the same parameter object) and is skipped (vLLM ties it on its side).
+    Tensors are detached, cast to ``dtype`` (the engine's, e.g. bfloat16) when given, and made
+    contiguous. A sharded FSDP2 parameter (a DTensor) is gathered whole with ``full_tensor()``
+    after the cast (half the traffic in bf16; the same values): a collective, so every rank must
+    iterate to the end, in the same order (the state dict's order is the same on every rank).
     """
-    seen: dict[int, str] = {}
-    out = []
-    for name, tensor in model.state_dict(keep_vars=False).items():
-        key = tensor.data_ptr()
-        if key in seen and tensor.numel() > 0:
-            continue  # tied: the same storage was exported under its first name
-        seen[key] = name
+    from torch.distributed.tensor import DTensor
+
+    seen: set[int] = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue  # tied: the same parameter was exported under its first name
+        seen.add(id(tensor))
         t = tensor.detach()
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
-        out.append((name, t.contiguous()))
-    return out
+        if isinstance(t, DTensor):
+            t = t.full_tensor()
+        yield name, t.contiguous()
+
+
+def export_weights(model: Any, dtype: Any = None) -> list[tuple[str, Any]]:
+    """All of ``iter_weights``: [(HF name, whole tensor)], tied duplicates dropped, cast to ``dtype``.
+
+    Works on a whole model and on an FSDP2-sharded one alike (then a collective: every rank calls it).
+    """
+    return list(iter_weights(model, dtype))
+
+
+def weight_buckets(pairs: Iterable[tuple[str, Any]], max_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+    """Consecutive runs of ``pairs`` of at most ``max_bytes`` (a larger tensor goes alone), so a
+    weight push never holds more than one bucket beyond the model."""
+    bucket: list[tuple[str, Any]] = []
+    size = 0
+    for name, t in pairs:
+        n = t.numel() * t.element_size()
+        if bucket and size + n > max_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, t))
+        size += n
+    if bucket:
+        yield bucket
 
 
 class WeightSyncExtension:
@@ -89,6 +155,8 @@ class WeightSyncExtension:
 class VLLMEngine:
     """Rollouts from a colocated vLLM engine; ``sync_weights`` pushes the policy after each update."""
 
+    bucket_bytes = 1 << 30  # weights pushed per collective_rpc call
+
     def __init__(self, llm: Any, tokenizer: Any, *, sleep_between: bool = True) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
@@ -101,23 +169,30 @@ class VLLMEngine:
         path = options.get("model_path") or getattr(model, "name_or_path", None)
         if not path:
             raise ValueError("vLLM engine: pass model_path= (the checkpoint directory vLLM loads)")
+        world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun sets it; vLLM joins that job
         llm = vllm.LLM(
             model=str(path),
             tokenizer=str(options.get("tokenizer_path", path)),
-            tensor_parallel_size=options.get("tensor_parallel_size", 1),
             gpu_memory_utilization=options.get("gpu_memory_utilization", 0.5),
             dtype=options.get("dtype", "bfloat16"),
             enable_sleep_mode=options.get("enable_sleep_mode", True),
             worker_extension_cls="aggbench.rollout.vllm.WeightSyncExtension",
-            seed=options.get("seed", 0),
+            seed=options.get("seed", 0),  # the same on every rank, as external_launcher needs
+            **launcher_kwargs(options.get("tensor_parallel_size", 1), world),
         )
         return cls(llm, tokenizer, sleep_between=options.get("enable_sleep_mode", True))
 
     def sync_weights(self, model: Any) -> None:
+        """Push ``model``'s weights (bf16, HF names) into this rank's engine, in buckets.
+
+        Under FSDP every rank must call this (each parameter is all-gathered): every engine gets
+        the full weights.
+        """
         import torch
 
         self.wake()
-        self.llm.collective_rpc("aggbench_load_weights", args=(export_weights(model, torch.bfloat16),))
+        for bucket in weight_buckets(iter_weights(model, torch.bfloat16), self.bucket_bytes):
+            self.llm.collective_rpc("aggbench_load_weights", args=(bucket,))
 
     def wake(self) -> None:
         if self.asleep:

@@ -1,0 +1,156 @@
+"""vLLM inside torchrun, the CPU-testable parts: the engine's arguments and the FSDP weight export.
+
+vLLM is not installed here and there is no GPU: the engine itself is NOT exercised. What is tested:
+
+* ``VLLMEngine.from_model`` against a fake ``vllm`` module (put in ``sys.modules``) whose ``LLM``
+  records its keyword arguments: under torchrun (``WORLD_SIZE`` > 1) it asks for vLLM's
+  ``external_launcher`` with ``data_parallel_size = world / tensor_parallel_size`` and the run's
+  seed; one process gets exactly the arguments it got before; a TP size that does not divide the
+  world is an error naming the field; ``sync_weights`` pushes every exported tensor once, in buckets.
+* The weight export of an FSDP2-sharded model (2 gloo ranks under torchrun, the trainer's own
+  ``parallel.prepare_model``): every rank gets the same names, shapes, dtypes and values as
+  ``export_weights`` of the unsharded model (tied ``lm_head`` dropped, bf16 cast).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from aggbench.config import ConfigError
+from aggbench.rollout import make_engine
+from aggbench.rollout.vllm import export_weights, launcher_kwargs
+from dp_fixture import tiny_model
+from trainer_support import write_cell
+
+HERE = Path(__file__).parent
+
+
+class FakeLLM:
+    """Stands in for ``vllm.LLM``: records its arguments and the weight pushes."""
+
+    made: list[dict] = []
+
+    def __init__(self, **kwargs):
+        FakeLLM.made.append(kwargs)
+        self.rpcs: list[tuple[str, tuple]] = []
+
+    def collective_rpc(self, method, args=()):
+        self.rpcs.append((method, args))
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    mod = types.ModuleType("vllm")
+    mod.LLM = FakeLLM
+    mod.SamplingParams = dict
+    monkeypatch.setitem(sys.modules, "vllm", mod)
+    FakeLLM.made = []
+    return FakeLLM
+
+
+def _build(monkeypatch, world: int | None, **options):
+    if world is None:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+    return make_engine("vllm", None, None, model_path="/ckpt", seed=7, **options)
+
+
+def test_one_process_keeps_its_arguments(fake_vllm, monkeypatch):
+    _build(monkeypatch, None, tensor_parallel_size=2, gpu_memory_utilization=0.6)
+    assert fake_vllm.made == [
+        {
+            "model": "/ckpt",
+            "tokenizer": "/ckpt",
+            "tensor_parallel_size": 2,
+            "gpu_memory_utilization": 0.6,
+            "dtype": "bfloat16",
+            "enable_sleep_mode": True,
+            "worker_extension_cls": "aggbench.rollout.vllm.WeightSyncExtension",
+            "seed": 7,
+        }
+    ]
+    _build(monkeypatch, 1)  # torchrun --nproc_per_node 1 is one process too
+    assert "distributed_executor_backend" not in fake_vllm.made[-1]
+
+
+@pytest.mark.parametrize(("world", "tp", "dp"), [(2, 1, 2), (8, 1, 8), (4, 2, 2)])
+def test_torchrun_uses_external_launcher_data_parallel(fake_vllm, monkeypatch, world, tp, dp):
+    _build(monkeypatch, world, tensor_parallel_size=tp)
+    (kw,) = fake_vllm.made
+    assert kw["distributed_executor_backend"] == "external_launcher"
+    assert (kw["tensor_parallel_size"], kw["data_parallel_size"]) == (tp, dp)
+    assert kw["seed"] == 7  # the same explicit seed on every rank
+    assert kw["worker_extension_cls"] == "aggbench.rollout.vllm.WeightSyncExtension"
+
+
+def test_tp_not_dividing_the_world_is_refused(fake_vllm, monkeypatch):
+    with pytest.raises(ValueError, match=r"rollout.tensor_parallel_size=2 must divide the 3 torchrun"):
+        _build(monkeypatch, 3, tensor_parallel_size=2)
+    assert fake_vllm.made == []
+    with pytest.raises(ValueError, match="at least 1"):
+        launcher_kwargs(0, 2)
+
+
+def test_trainer_refuses_vllm_tensor_parallel_under_torchrun(tmp_path, monkeypatch):
+    from aggbench import parallel
+    from aggbench.config import load_train_config
+
+    cell = write_cell(tmp_path / "c.yaml", tmp_path / "model", tmp_path / "data.jsonl")
+    over = {"rollout.engine": "vllm", "rollout.tensor_parallel_size": 2, "distributed.strategy": "fsdp"}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"rollout.tensor_parallel_size=2 under 2 training processes"):
+        parallel.setup(load_train_config(cell, over))
+
+
+def test_sync_weights_pushes_every_tensor_once_in_buckets(fake_vllm, monkeypatch):
+    model = tiny_model().float()
+    engine = _build(monkeypatch, None)
+    engine.bucket_bytes = 8 * 1024  # small enough for several buckets
+    engine.sync_weights(model)
+    rpcs = engine.llm.rpcs
+    assert len(rpcs) > 1 and {m for m, _ in rpcs} == {"aggbench_load_weights"}
+    pushed = [pair for _, (bucket,) in rpcs for pair in bucket]
+    expected = export_weights(model, torch.bfloat16)
+    assert [n for n, _ in pushed] == [n for n, _ in expected]
+    for (_, got), (_, want) in zip(pushed, expected, strict=True):
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    for _, (bucket,) in rpcs:  # a bucket over the limit holds one tensor only
+        size = sum(t.numel() * t.element_size() for _, t in bucket)
+        assert size <= engine.bucket_bytes or len(bucket) == 1
+
+
+@pytest.mark.slow
+def test_fsdp_sharded_export_equals_unsharded(tmp_path):
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += [str(HERE / "vllm_export_worker.py"), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+
+    whole = tiny_model()
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        # the trainer's FSDP path really sharded the weights (each rank holds half the rows)
+        assert got["sharded"] and all(got["sharded"].values()), got["sharded"]
+        emb = "model.embed_tokens.weight"
+        assert got["local_rows"][emb] == whole.get_parameter(emb).shape[0] // 2
+        for key, dtype in (("bf16", torch.bfloat16), ("raw", None)):
+            want = export_weights(whole, dtype)
+            assert [n for n, _ in got[key]] == [n for n, _ in want]
+            assert "lm_head.weight" not in {n for n, _ in got[key]}
+            for (name, g), (_, w) in zip(got[key], want, strict=True):
+                assert not hasattr(g, "to_local"), f"{name} is still a DTensor"
+                assert (g.shape, g.dtype) == (w.shape, w.dtype), name
+                assert g.is_contiguous() and torch.equal(g, w), name
