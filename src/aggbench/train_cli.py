@@ -51,13 +51,18 @@ def command(
     from aggbench.train import train
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet = quiet or not sys.stderr.isatty()
+    if quiet:  # cluster logs: one line per step, not transformers' load/save bars at every checkpoint
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     try:
         cfg = load_train_config(config_path, _parse_set(overrides))
         summary = train(
             cfg,
             out_dir,
             until_step=until_step,
-            quiet=quiet or not sys.stderr.isatty(),
+            quiet=quiet,
             allow_config_change=allow_config_change,
         )
     except (ConfigError, RegistryError, RunLockedError) as exc:
