@@ -209,7 +209,8 @@ def _train_locked(
             # this rank's share of the prompts, group ids = positions in the step's prompt list
             idx = batching.prompt_indices(len(records), a.prompts_per_step, cfg.seed, step)
             slots = parallel.my_groups(len(idx), ranks)
-            with autocast(), parallel.full_params(model, ranks):
+            # vLLM samples from its own copy of the weights: no need to gather the FSDP shards
+            with autocast(), parallel.full_params(model if cfg.rollout.engine == "hf" else None, ranks):
                 roll, recs, rewards, ds_rounds = _rollouts_with_rewards(
                     cfg, engine, tokenizer, records, idx, slots, step, reward_fn, prompt_kw, ranks.rank
                 )
