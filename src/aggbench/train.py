@@ -45,6 +45,7 @@ from aggbench.aggregation import load_plugins, make_instance
 from aggbench.aggregation.diagnostics import diagnostics
 from aggbench.checkpoint import apply_retention, clean_partial, latest_resumable
 from aggbench.config import TrainConfig, check_resume, dump_config
+from aggbench.data.training import read_training_records
 from aggbench.distributed import gather_minibatch
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_tags
 from aggbench.update import LossSettings, accumulate_gradients, fixed_logprobs, minibatch_weights
@@ -62,25 +63,6 @@ def fault(point: str, step: int | None = None) -> None:
         sys.stderr.write(f"AGGBENCH_FAULT: dying at {point} (step {step})\n")
         sys.stderr.flush()
         os._exit(17)
-
-
-def load_records(path: str) -> list[dict[str, Any]]:
-    records = []
-    with open(path) as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
-            for key in ("prompt", "answer"):
-                if key not in rec:
-                    raise ValueError(
-                        f"{path}:{n}: missing field {key!r} (canonical records: id, prompt, answer)"
-                    )
-            records.append(rec)
-    return records
 
 
 def _device_and_dtype(cfg: TrainConfig, ranks: parallel.Ranks) -> tuple[torch.device, torch.dtype, Any]:
@@ -155,6 +137,7 @@ def _train_locked(
     if start >= last:
         log.info("%s: already at step %d (asked for %d); nothing to do", cfg.resolved_cell_id, start, last)
         return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": start}
+    records = read_training_records(cfg.dataset.path)  # a bad file fails before a model loads
     model_dir = out / "checkpoints" / f"step_{start}" if start else Path(cfg.model.path)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
@@ -181,7 +164,6 @@ def _train_locked(
         tracker.set_tags(run_tags(cfg, plugin_files))
         tracker.sync(metrics_log.read(), upto=start)  # fills in steps a crash kept from MLflow
 
-    records = load_records(cfg.dataset.path)
     reward_fn = RewardFn(cfg.dataset.grader)
     engine = make_engine(
         cfg.rollout.engine,

@@ -47,6 +47,7 @@ def command(
     """Train one cell into OUT, resuming from its latest complete checkpoint."""
     from aggbench.checkpoint import RunLockedError
     from aggbench.config import ConfigError, load_train_config
+    from aggbench.data.jsonl import DataError
     from aggbench.registry import RegistryError
     from aggbench.train import train
 
@@ -65,6 +66,6 @@ def command(
             quiet=quiet,
             allow_config_change=allow_config_change,
         )
-    except (ConfigError, RegistryError, RunLockedError) as exc:
+    except (ConfigError, DataError, RegistryError, RunLockedError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{summary['cell_id']}: steps {summary['start_step']} -> {summary['end_step']}")

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import field_validator, model_validator
 
-from aggbench.data.jsonl import DataError, get_field
+from aggbench.data.jsonl import DataError, get_field, iter_jsonl
 from aggbench.data.sources import (
     FieldMap,
     Row,
@@ -172,3 +172,15 @@ __all__ = [
     "load_training_dataset",
     "load_training_spec",
 ]
+
+
+def read_training_records(path: str | Path) -> list[dict[str, Any]]:
+    """The canonical training JSONL that ``prepare-data`` wrote ({id, prompt, answer} per line),
+    as the trainer reads it; a bad line raises :class:`DataError` naming the file, line and field."""
+    records = []
+    for line, row in iter_jsonl(path):
+        for key in ("prompt", "answer"):
+            if key not in row:
+                raise DataError(path, line, key, "missing (canonical records have id, prompt, answer)")
+        records.append(row)
+    return records

@@ -1,5 +1,6 @@
 """A run directory is one experiment: resuming it with a config that changes training is refused,
-naming each changed field; location, logging, checkpoint and length changes are allowed."""
+naming each changed field (location, logging, checkpoint and length changes are allowed); a bad
+training data file is refused by file, line and field before a model loads."""
 
 from __future__ import annotations
 
@@ -91,3 +92,14 @@ def test_fields_added_since_the_run_started_count_at_their_defaults(tmp_path):
     changed.rollout.seed_per_prompt = not cfg.rollout.seed_per_prompt
     with pytest.raises(ConfigError, match="rollout.seed_per_prompt"):
         check_resume(run, changed)
+
+
+def test_cli_names_the_bad_line_of_the_training_data_before_loading_a_model(tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"id": "a", "prompt": "p", "answer": "1"}\n{"id": "b", "prompt": "q"}\n')
+    # the model path does not exist: the data error must come first
+    cell = write_cell(tmp_path / "cell.yaml", tmp_path / "no-model", data, steps=1, every=1)
+    proc = _train(cell, tmp_path / "run")
+    assert proc.returncode != 0
+    assert f"{data}:2: field 'answer': missing" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
