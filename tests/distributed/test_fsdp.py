@@ -290,3 +290,37 @@ def test_fsdp_needs_decoder_layers():
 
     with pytest.raises(ConfigError, match="no decoder layers in Linear"):
         parallel.decoder_layers(torch.nn.Linear(2, 2))
+
+
+def _torchrun_cli(cell: Path, out: Path, fault: str | None = None) -> subprocess.CompletedProcess:
+    """`aggbench train` on 2 ranks exactly as the `train` rule launches it (torchrun -m aggbench.cli)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("AGGBENCH_FAULT", None)
+    if fault:
+        env["AGGBENCH_FAULT"] = fault
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += ["-m", "aggbench.cli", "train", "--config", str(cell), "--out", str(out), "--quiet"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=480)
+
+
+@pytest.mark.slow
+def test_crash_during_a_sharded_checkpoint_write_then_rerun_completes(runs, tmp_path):
+    """Both ranks die while step 2's checkpoint is being written (rank 0 inside the atomic write,
+    after the sharded state): the rerun resumes from step 1's checkpoint and ends with the weights,
+    metrics and rollouts of the uninterrupted 2-rank run, each step once."""
+    cell, out = runs["cells"]["token"], tmp_path / "crashed"
+    died = _torchrun_cli(cell, out, fault="checkpoint_write:2")
+    assert died.returncode != 0
+    assert "AGGBENCH_FAULT: dying at checkpoint_write (step 2)" in died.stderr
+    assert not (out / "checkpoints" / "step_2").exists()  # nothing that looks finished
+    assert [r["step"] for r in metrics_rows(out)] == [1, 2]  # step 2's line was written before the crash
+    rerun = _torchrun_cli(cell, out)
+    assert rerun.returncode == 0, rerun.stderr[-5000:]
+    assert "steps 1 -> 2" in rerun.stdout  # resumed from step 1, not from scratch
+    straight = runs["two"]["token"]
+    _assert_same_weights(_weights(straight, 2), _weights(out, 2), "crashed + rerun vs straight")
+    _assert_same_metrics(straight, out)  # step 2 once, with the completed run's values
+    assert (out / "rollouts" / "step_2.jsonl").read_text() == (
+        straight / "rollouts" / "step_2.jsonl"
+    ).read_text()
+    assert not [p.name for p in (out / "checkpoints").iterdir() if ".tmp-" in p.name]  # partial dir cleaned
