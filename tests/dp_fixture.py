@@ -11,10 +11,11 @@ from aggbench.rollout.base import Rollouts
 N_GROUPS, G = 4, 4
 
 
-def tiny_model() -> LlamaForCausalLM:
+def tiny_model(vocab_size: int = 30) -> LlamaForCausalLM:
+    """A 2-layer float64 Llama, the same weights for the same vocab size (seed 0)."""
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=30,
+        vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,

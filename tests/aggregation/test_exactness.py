@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from aggbench.advantages import grpo
 from aggbench.aggregation import RuleInstance
 from aggbench.logprobs import response_logprobs
 from aggbench.objective import aux_token_weights, kl_k3, pg_loss
+from dp_fixture import tiny_model
 from support import contract_instances, instance_ids
 
 INSTANCES = contract_instances()
@@ -25,18 +25,7 @@ CLIP = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0}
 
 @pytest.fixture(scope="module")
 def setup():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=40,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    model = LlamaForCausalLM(cfg).double().eval()
+    model = tiny_model(vocab_size=40).eval()
     gen = torch.Generator().manual_seed(1)
     n_groups, g, p_width, t_width = 4, 4, 5, 9
     b = n_groups * g
