@@ -343,18 +343,10 @@ BUILTIN_SHAPES: dict[str, tuple[ModelShape, str]] = {
 
 
 def tiny_shape() -> ModelShape:
-    """The built-in tiny model (aggbench.tiny) without building it: its shape and tokenizer size."""
-    from aggbench.tiny import CHARACTERS, MODEL_SHAPE, SPECIAL_TOKENS
+    """The built-in tiny model (aggbench.tiny) without building it: its config and tokenizer size."""
+    from aggbench.tiny import BOX, CHARACTERS, MODEL_SHAPE, SPECIAL_TOKENS
 
-    s = MODEL_SHAPE
-    return ModelShape(
-        hidden=s["hidden_size"],
-        layers=s["num_hidden_layers"],
-        heads=s["num_attention_heads"],
-        kv_heads=s["num_key_value_heads"],
-        head_dim=s["hidden_size"] // s["num_attention_heads"],
-        intermediate=s["intermediate_size"],
-        vocab=len(SPECIAL_TOKENS) + 1 + len(CHARACTERS),  # + the whole "\boxed{" token
-        max_positions=s["max_position_embeddings"],
-        tie_embeddings=s["tie_word_embeddings"],
+    vocab = len(SPECIAL_TOKENS) + len((BOX, *CHARACTERS))  # the tokenizer's vocabulary (tiny.py)
+    return ModelShape.from_hf_config(
+        {**MODEL_SHAPE, "vocab_size": vocab, "model_type": "llama"}, where="aggbench.tiny.MODEL_SHAPE"
     )
