@@ -413,11 +413,17 @@ def _contained_as_normal_user(python: str, home: Path) -> None:
     sentinel = home / "sentinel.txt"
     sentinel.write_text("untouched")
     os.chown(sentinel, 65534, 65534)  # owned by the harness user: only the sandbox protects it
+    # the sandbox's two files, copied where uid 65534 can read them (a checkout may sit under a
+    # 0700 directory such as mktemp -d's)
+    for name in ("sandbox.py", "sandbox_runner.py"):
+        copy = home / name
+        shutil.copyfile(Path(sandbox.__file__).with_name(name), copy)
+        os.chown(copy, 65534, 65534)
     script = home / "as_user.py"
     script.write_text(
         textwrap.dedent(f"""
         import importlib.util, json, sys
-        spec = importlib.util.spec_from_file_location("sbx", {sandbox.__file__!r})
+        spec = importlib.util.spec_from_file_location("sbx", {str(home / "sandbox.py")!r})
         sbx = importlib.util.module_from_spec(spec)
         sys.modules["sbx"] = sbx
         spec.loader.exec_module(sbx)
