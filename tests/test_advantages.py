@@ -22,7 +22,9 @@ def test_grpo_bessel_and_population():
     a = get_advantage("grpo")(R, G, std="bessel", eps=0.0)
     assert a[:4].tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5])
     p = get_advantage("grpo")(R, G, std="population", eps=0.0)
-    assert p[:4].tolist() == pytest.approx([0.75 / (math.sqrt(3) / 4), -0.25 / (math.sqrt(3) / 4)] + [-1 / math.sqrt(3)] * 2)
+    assert p[:4].tolist() == pytest.approx(
+        [0.75 / (math.sqrt(3) / 4), -0.25 / (math.sqrt(3) / 4)] + [-1 / math.sqrt(3)] * 2
+    )
     # group 5 has equal rewards: zero advantage (not 0/eps)
     assert a[4:].tolist() == [0.0, 0.0] and p[4:].tolist() == [0.0, 0.0]
 

@@ -22,7 +22,8 @@ CPU. Why the update equals the one-process update:
   every rank with torch.distributed.checkpoint, which a resume on the same number of ranks loads.
 
 * vLLM rollouts (``rollout.engine: vllm``): every rank runs its own engine in vLLM's torchrun mode
-  (``external_launcher``, data-parallel, tensor_parallel_size 1) on its own prompt groups, and
+  (``external_launcher``, independent "external DP" engines, tensor_parallel_size 1) on its own
+  prompt groups, and
   ``sync_weights`` gathers the sharded parameters whole into it after each update
   (``aggbench.rollout.vllm``).
 

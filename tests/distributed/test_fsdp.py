@@ -15,7 +15,8 @@ ranks' micro-batches differ from the one process's). What must hold:
 * DDP (the other strategy) equals the one-process run as well;
 * dynamic sampling, which leaves ranks with different numbers of groups (so FSDP ranks must pad
   their forward/backward passes to pair up), trains without hanging (no equality claimed: refill
-  prompts are drawn per rank).
+  prompts are drawn per rank), and the ranks call the rollout engine different numbers of times
+  (why vLLM must run as independent engines, not in its lockstep data-parallel mode).
 
 All 2-rank runs share one torchrun launch (plus one for the resume), to pay start-up once.
 """
@@ -112,7 +113,15 @@ def runs(tmp_path_factory, tiny_sft_model, tiny_train_data) -> dict:
     )
     two = {k: work / f"two-{k}" for k in cells}
     slip, resumed, locked = work / "two-token-mean", work / "two-balanced-resumed", work / "locked"
-    plan = [{"config": str(cells[k]), "out": str(two[k]), "until": 1 if k == "ddp" else None} for k in cells]
+    plan = [
+        {
+            "config": str(cells[k]),
+            "out": str(two[k]),
+            "until": 1 if k == "ddp" else None,
+            "count_generate": True,
+        }
+        for k in cells
+    ]
     plan.append({"config": str(cells["token"]), "out": str(slip), "until": 1, "slip": True})
     plan.append({"config": str(cells["balanced"]), "out": str(resumed), "until": 1})
     first = _torchrun(plan, work, "first")
@@ -263,6 +272,14 @@ def test_dynamic_sampling_with_unequal_ranks_trains(runs):
     # each rank holds at most 2 of the 4 groups, so an odd number kept means unequal ranks
     assert any(int(r["groups/total"]) % 2 for r in rows), [r["groups/total"] for r in rows]
     assert (run / "checkpoints" / "step_2" / "sharded" / ".metadata").exists()
+    # and the ranks called the rollout engine a different number of times in some step: why the
+    # vLLM engine must not be vLLM's lockstep data-parallel mode (aggbench.rollout.vllm)
+    calls = [json.loads((run / f"generate_calls.rank{r}.json").read_text()) for r in (0, 1)]
+    assert set(calls[0]) == set(calls[1]) == {"1", "2"}, calls
+    assert any(calls[0][s] != calls[1][s] for s in calls[0]), calls
+    # without dynamic sampling each rank makes one call per group it holds: equal counts
+    same = [json.loads((runs["two"]["token"] / f"generate_calls.rank{r}.json").read_text()) for r in (0, 1)]
+    assert same[0] == same[1] == {"1": 2, "2": 2}, same
 
 
 @pytest.mark.parametrize(

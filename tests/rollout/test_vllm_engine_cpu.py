@@ -75,5 +75,7 @@ def test_vllm_engine_generates(tiny):  # pragma: no cover - GPU only
     eng = make_engine("vllm", model, tok, model_path=str(path), gpu_memory_utilization=0.2)
     ids = tok("<|bos|><|user|>Start<|eos|><|assistant|>", add_special_tokens=False)["input_ids"]
     out = eng.generate([ids], n=4, temperature=1.0, top_p=1.0, max_new_tokens=16, seed=0)
-    assert len(out) == 4 and all(len(lp) == len(r) for lp, r in zip(out.logprobs, out.response_ids, strict=True))
+    assert len(out) == 4 and all(
+        len(lp) == len(r) for lp, r in zip(out.logprobs, out.response_ids, strict=True)
+    )
     eng.sync_weights(model)

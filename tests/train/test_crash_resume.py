@@ -26,15 +26,24 @@ def _train(cell: Path, out: Path, fault: str | None = None) -> subprocess.Comple
         env["AGGBENCH_FAULT"] = fault
     return subprocess.run(
         [sys.executable, "-m", "aggbench.cli", "train", "--config", str(cell), "--out", str(out), "--quiet"],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, tiny_sft_model, tiny_train_data):
     root = tmp_path_factory.mktemp("reference")
-    cell = write_cell(root / "cell.yaml", tiny_sft_model, tiny_train_data, steps=STEPS, every=EVERY,
-                      tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    cell = write_cell(
+        root / "cell.yaml",
+        tiny_sft_model,
+        tiny_train_data,
+        steps=STEPS,
+        every=EVERY,
+        tracking_uri=f"sqlite:///{root / 'mlflow.db'}",
+    )
     proc = _train(cell, root / "run")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return metrics_rows(root / "run")
@@ -48,8 +57,9 @@ def reference(tmp_path_factory, tiny_sft_model, tiny_train_data):
 )
 def test_crash_then_rerun_matches_clean_run(tmp_path, tiny_sft_model, tiny_train_data, reference, fault):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cell = write_cell(tmp_path / "cell.yaml", tiny_sft_model, tiny_train_data, steps=STEPS, every=EVERY,
-                      tracking_uri=uri)
+    cell = write_cell(
+        tmp_path / "cell.yaml", tiny_sft_model, tiny_train_data, steps=STEPS, every=EVERY, tracking_uri=uri
+    )
     run = tmp_path / "run"
     crashed = _train(cell, run, fault)
     assert crashed.returncode == 17, f"the fault did not fire: {crashed.stderr[-2000:]}"
@@ -65,7 +75,9 @@ def test_crash_then_rerun_matches_clean_run(tmp_path, tiny_sft_model, tiny_train
     (mrun,) = client.search_runs([client.get_experiment_by_name("test").experiment_id])
     for key in (SENTINEL, "reward/mean", "agg/balanced/weight_pos", "len/gap"):
         raw = client.get_metric_history(mrun.info.run_id, key)
-        assert sorted(int(m.step) for m in raw) == list(range(1, STEPS + 1)), f"{key}: a step missing or doubled"
+        assert sorted(int(m.step) for m in raw) == list(range(1, STEPS + 1)), (
+            f"{key}: a step missing or doubled"
+        )
         hist = metric_history(client, mrun.info.run_id, key)
         if key != SENTINEL:
             assert hist == {r["step"]: pytest.approx(r[key], nan_ok=True) for r in reference}

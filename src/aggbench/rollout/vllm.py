@@ -6,11 +6,19 @@ Kept thin on purpose and on public vLLM APIs only: ``LLM.generate`` with token-i
 extension (``WeightSyncExtension``, named by ``worker_extension_cls``).
 
 Under torchrun (``WORLD_SIZE`` > 1, multi-GPU training) every training rank builds its own engine
-in vLLM's torchrun mode, ``distributed_executor_backend="external_launcher"`` with
-``data_parallel_size = world / tensor_parallel_size`` (vLLM's ``torchrun_dp_example``): one vLLM
-worker inside each training process, no processes spawned, and the same ``seed`` on every rank.
-The data is split outside vLLM, as that mode expects: each rank generates its own prompt groups
-(``parallel.my_groups``). The trainer's FSDP2 parameters are sharded DTensors; ``export_weights``
+in vLLM's torchrun mode, ``distributed_executor_backend="external_launcher"``: one vLLM worker
+inside each training process, no processes spawned, and the same ``seed`` on every rank.
+``data_parallel_size`` is deliberately left at 1. vLLM lays the torchrun world out as
+``ExternalDP x DP x PP x TP`` (``vllm.distributed.parallel_state.initialize_model_parallel``): the
+ranks of its own DP dimension step in lockstep (an all-reduce of "unfinished requests" on every
+engine step, ``LLMEngine.has_unfinished_requests_dp``) and deadlock unless every rank calls
+``generate`` together, the same number of times. The trainer's ranks do not: under dynamic sampling
+each rank refills its own zero-variance groups, and with ``rollout.seed_per_prompt`` each group is
+one call, so the counts differ from rank to rank (measured in ``tests/distributed/test_fsdp.py``).
+With ``data_parallel_size`` 1 the ranks form vLLM's "external DP" dimension, which its code
+describes as "every dp rank can generate independently (in verl integration)": verl's layout.
+The data is split outside vLLM: each rank generates its own prompt groups (``parallel.my_groups``).
+The trainer's FSDP2 parameters are sharded DTensors; ``export_weights``
 gathers each one whole (``DTensor.full_tensor``, a collective every rank runs in the same order)
 so that each rank's engine receives the full weights.
 
@@ -73,8 +81,10 @@ def launcher_kwargs(tensor_parallel_size: int, world_size: int) -> dict[str, Any
     """The ``vllm.LLM`` arguments that place the engine: one process, or one rank of a torchrun job.
 
     One process: vLLM's own executor over ``tensor_parallel_size`` GPUs. Under torchrun
-    (``world_size`` > 1): ``external_launcher`` with ``data_parallel_size = world / tp``; vLLM checks
-    that tp x dp equals the torchrun world, so ``tensor_parallel_size`` must divide it.
+    (``world_size`` > 1): ``external_launcher`` with vLLM's ``data_parallel_size`` left at 1, so the
+    world / tp engines are vLLM's independent "external DP" ranks and never wait for each other
+    (the module docstring says why lockstep DP would deadlock the trainer). vLLM reshapes the
+    world into (-1, tp), so ``tensor_parallel_size`` must divide it.
     """
     tp = int(tensor_parallel_size)
     if tp < 1:
@@ -84,14 +94,10 @@ def launcher_kwargs(tensor_parallel_size: int, world_size: int) -> dict[str, Any
     if world_size % tp:
         raise ValueError(
             f"rollout.tensor_parallel_size={tp} must divide the {world_size} torchrun processes "
-            "(vLLM runs data_parallel_size = processes / tensor_parallel_size engines); "
+            "(vLLM groups them into processes / tensor_parallel_size independent engines); "
             "change rollout.tensor_parallel_size or the GPU count"
         )
-    return {
-        "distributed_executor_backend": "external_launcher",
-        "tensor_parallel_size": tp,
-        "data_parallel_size": world_size // tp,
-    }
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}
 
 
 def iter_weights(model: Any, dtype: Any = None) -> Iterator[tuple[str, Any]]:
