@@ -58,6 +58,7 @@ class GenerateOptions:
     """How ``generate`` samples. ``None`` means: take it from the benchmark's YAML (or the default).
 
     chat_template: None = the benchmark's ``use_chat_template``; True/False force it.
+    tensor_parallel_size: GPUs one vLLM engine spans (vllm only).
     chunk_prompts: prompts per engine call (None: batch_size // n for hf, all at once for vllm);
         each call gets seed ``benchmark seed + chunk index``.
     """
@@ -78,6 +79,14 @@ class GenerateOptions:
     dtype: str = "auto"
     data_dir: str | None = None
     progress: bool = True
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size > 1 and self.engine != "vllm":
+            raise EvaluationError(
+                f"--tensor-parallel-size {self.tensor_parallel_size} applies to --engine vllm only "
+                f"(the {self.engine} engine runs on one device): drop it or use --engine vllm"
+            )
 
 
 # --------------------------------------------------------------------------- files
@@ -198,6 +207,7 @@ def _make_engine(kind: str, checkpoint: Path, options: GenerateOptions):
                 model_path=str(checkpoint),
                 dtype=resolve_dtype(options.dtype, "cuda"),
                 gpu_memory_utilization=0.85,  # nothing else on the GPU: no trainer beside it
+                tensor_parallel_size=options.tensor_parallel_size,
                 enable_sleep_mode=False,
                 seed=options.seed,
             )

@@ -101,6 +101,13 @@ generation_options = options(
         show_default=True,
         help="Sequences per generate call (hf).",
     ),
+    click.option(
+        "--tensor-parallel-size",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="GPUs one vLLM engine spans (--engine vllm); the generate rule passes its job's gpus.",
+    ),
     model_options,
     quiet_option(),
 )
@@ -121,6 +128,7 @@ def _options(kw: dict[str, Any]):
         enable_thinking=kw["enable_thinking"],
         chat_template=kw["chat_template"],
         batch_size=kw["batch_size"],
+        tensor_parallel_size=kw["tensor_parallel_size"],
         device=kw["device"],
         dtype=kw["dtype"],
         data_dir=kw["data_dir"],

@@ -49,7 +49,7 @@ def test_requests_and_sampling_params():
         "n": 8,
         "temperature": 1.0,
         "top_p": 0.9,
-        "top_k": -1,
+        "top_k": 0,
         "max_tokens": 64,
         "seed": 3,
         "logprobs": 0,

@@ -6,7 +6,7 @@ vLLM is not installed here and there is no GPU: the engine itself is NOT exercis
   records its keyword arguments: under torchrun (``WORLD_SIZE`` > 1) it asks for vLLM's
   ``external_launcher`` with the run's seed and without vLLM's lockstep ``data_parallel_size``
   (ranks call ``generate`` different numbers of times: see ``aggbench.rollout.vllm``); one process gets exactly the arguments it got before; a TP size that does not divide the
-  world is an error naming the field; ``sync_weights`` pushes every exported tensor once, in buckets.
+  world is an error naming the field; ``sync_weights`` pushes every exported tensor once, in buckets, then resets vLLM's prefix cache.
 * The weight export of an FSDP2-sharded model (2 gloo ranks under torchrun, the trainer's own
   ``parallel.prepare_model``): every rank gets the same names, shapes, dtypes and values as
   ``export_weights`` of the unsharded model (tied ``lm_head`` dropped, bf16 cast).
@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from aggbench.config import ConfigError
 from aggbench.rollout import make_engine
 from aggbench.rollout.vllm import export_weights, launcher_kwargs
 from dp_fixture import tiny_model
+from fake_vllm import install
 from trainer_support import write_cell
 
 HERE = Path(__file__).parent
@@ -40,18 +40,19 @@ class FakeLLM:
     def __init__(self, **kwargs):
         FakeLLM.made.append(kwargs)
         self.rpcs: list[tuple[str, tuple]] = []
+        self.events: list[str] = []
 
     def collective_rpc(self, method, args=()):
         self.rpcs.append((method, args))
+        self.events.append(method)
+
+    def reset_prefix_cache(self):
+        self.events.append("reset_prefix_cache")
 
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    mod = types.ModuleType("vllm")
-    mod.LLM = FakeLLM
-    mod.SamplingParams = dict
-    monkeypatch.setitem(sys.modules, "vllm", mod)
-    FakeLLM.made = []
+    install(monkeypatch, FakeLLM)
     return FakeLLM
 
 
@@ -120,6 +121,8 @@ def test_sync_weights_pushes_every_tensor_once_in_buckets(fake_vllm, monkeypatch
     engine.sync_weights(model)
     rpcs = engine.llm.rpcs
     assert len(rpcs) > 1 and {m for m, _ in rpcs} == {"aggbench_load_weights"}
+    # then the prefix cache (KV blocks computed with the old weights) is dropped, once
+    assert engine.llm.events == ["aggbench_load_weights"] * len(rpcs) + ["reset_prefix_cache"]
     pushed = [pair for _, (bucket,) in rpcs for pair in bucket]
     expected = export_weights(model, torch.bfloat16)
     assert [n for n, _ in pushed] == [n for n, _ in expected]

@@ -191,9 +191,16 @@ def prepare_model_args(model):
 
 
 def generate_args(model):
-    """Sampling options of `aggbench generate` (a change re-generates: they are params)."""
+    """Sampling options of `aggbench generate` (a change re-generates: they are params).
+
+    vLLM spans the generate job's GPUs with tensor parallelism (resources.generate.gpus, per model);
+    a different GPU count changes the reductions' order, so it counts as a sampling option too.
+    """
     m = config["models"][model]
     args = ["--engine", EVAL["engine"], "--batch-size", str(EVAL["batch_size"])]
+    gpus = int(_resource_value("generate", model, "gpus") or 0)
+    if EVAL["engine"] == "vllm" and gpus > 1:
+        args += ["--tensor-parallel-size", str(gpus)]
     for key, flag in (("limit", "--limit"), ("n", "--n"), ("max_tokens", "--max-tokens")):
         if EVAL.get(key) is not None:
             args += [flag, str(EVAL[key])]

@@ -54,14 +54,14 @@ def sampling_kwargs(
 ) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams`` matching the HF engine's sampling.
 
-    ``logprobs=0`` returns the sampled token's log-prob; ``top_k=-1`` is vLLM's "no top-k".
-    Greedy decoding is ``temperature=0``.
+    ``logprobs=0`` returns the sampled token's log-prob; ``top_k=0`` is vLLM's "no top-k" (0.33
+    still accepts -1 but prefers 0). Greedy decoding is ``temperature=0``.
     """
     return {
         "n": n,
         "temperature": temperature,
         "top_p": top_p,
-        "top_k": -1,
+        "top_k": 0,
         "max_tokens": max_new_tokens,
         "seed": seed,
         "logprobs": 0,
@@ -153,7 +153,8 @@ class WeightSyncExtension:
     """Mixed into vLLM's GPU worker (``worker_extension_cls``); called through ``collective_rpc``."""
 
     def aggbench_load_weights(self, weights: list[tuple[str, Any]]) -> int:
-        model = self.model_runner.model  # type: ignore[attr-defined]  (set by vLLM's worker)
+        # get_model() unwraps vLLM's CUDA-graph wrapper (both of 0.33's GPU model runners have it)
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]  (set by vLLM's worker)
         model.load_weights(weights=weights)
         return len(weights)
 
@@ -199,6 +200,10 @@ class VLLMEngine:
         self.wake()
         for bucket in weight_buckets(iter_weights(model, torch.bfloat16), self.bucket_bytes):
             self.llm.collective_rpc("aggbench_load_weights", args=(bucket,))
+        # KV blocks cached for a prompt prefix were computed with the old weights; vLLM's prefix
+        # cache would reuse them for the same prompt (sleep level 1 clears it, but sleep mode can
+        # be off), so the next rollouts would be partly off-policy
+        self.llm.reset_prefix_cache()
 
     def wake(self) -> None:
         if self.asleep:
