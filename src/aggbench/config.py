@@ -208,8 +208,12 @@ class TrainConfig(_Strict):
 
 
 # Fields that may change between the segments of one run without changing what is trained: where
-# things are, how they are logged and checkpointed, CPU threads, how many rollouts are kept, and the
-# run's length (extending total_steps continues the same run). Everything else changes the math.
+# things are, how they are logged and checkpointed, CPU threads, how many rollouts are kept, the
+# run's length (extending total_steps continues the same run), and the memory knobs a resume after
+# an out-of-memory crash needs: micro-batch size (the aggregation weights are computed on the whole
+# mini-batch, so micro-batching is exact up to summation order: tests/train/test_invariance.py),
+# activation checkpointing (recomputes the same forward: tests/distributed/test_fsdp.py) and vLLM's
+# memory share. Everything else changes the math.
 RESUME_MUTABLE: tuple[str, ...] = (
     "model.path",
     "dataset.path",
@@ -220,7 +224,10 @@ RESUME_MUTABLE: tuple[str, ...] = (
     "checkpoint",
     "rollout.batch_size",
     "rollout.save_rollouts",
+    "rollout.gpu_memory_utilization",
     "algorithm.total_steps",
+    "algorithm.micro_batch_size",
+    "distributed.activation_checkpointing",
 )
 
 
@@ -269,7 +276,8 @@ def check_resume(run_dir: str | Path, current: TrainConfig, *, allow_change: boo
             "one run. Changed fields:\n  "
             + "\n  ".join(diff)
             + "\nFix: restore those values, train into a new --out directory, or pass "
-            "--allow-config-change to continue this run with the new values on purpose."
+            "--allow-config-change to continue this run with the new values on purpose. "
+            f"These may change on a resume: {', '.join(RESUME_MUTABLE)}."
         )
 
 

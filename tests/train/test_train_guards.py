@@ -1,5 +1,6 @@
 """A run directory is one experiment: resuming it with a config that changes training is refused,
-naming each changed field (location, logging, checkpoint and length changes are allowed); a bad
+naming each changed field (location, logging, checkpoint, length and memory-knob changes are
+allowed); a bad
 training data file is refused by file, line and field before a model loads."""
 
 from __future__ import annotations
@@ -33,6 +34,16 @@ def test_unchanged_and_mutable_changes_resume(tmp_path):
     moved.checkpoint.every = 7
     moved.threads = 4
     check_resume(run, moved)
+    # the memory knobs a resume after an out-of-memory crash turns
+    smaller = cfg.model_copy(deep=True)
+    smaller.algorithm.micro_batch_size = 1
+    smaller.distributed.activation_checkpointing = not cfg.distributed.activation_checkpointing
+    smaller.rollout.gpu_memory_utilization = 0.3
+    assert (smaller.algorithm.micro_batch_size, smaller.rollout.gpu_memory_utilization) != (
+        cfg.algorithm.micro_batch_size,
+        cfg.rollout.gpu_memory_utilization,
+    )
+    check_resume(run, smaller)
 
 
 def test_changed_training_fields_are_refused_by_name(tmp_path):
@@ -49,7 +60,9 @@ def test_changed_training_fields_are_refused_by_name(tmp_path):
     assert "algorithm.lr: 0.0003 -> 0.001" in msg
     assert "aggregation.name: 'balanced' -> 'token'" in msg
     assert "--allow-config-change" in msg and "new --out" in msg
-    assert "total_steps" not in msg
+    changed_lines, advice = msg.split("\nFix: ")
+    assert "total_steps" not in changed_lines
+    assert "algorithm.micro_batch_size" in advice.split("These may change on a resume: ")[1]
     check_resume(run, changed, allow_change=True)  # deliberate continuation
 
 
