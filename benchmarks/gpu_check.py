@@ -108,9 +108,7 @@ def make_config(args: argparse.Namespace, model: Path, data: Path, device: str, 
 def measure(cfg, model: Path, out: Path) -> dict:
     """Train, then read the per-step timings and token counts the trainer wrote."""
     import torch
-    from transformers import AutoTokenizer
 
-    from aggbench.prompts import encode_prompts
     from aggbench.train import train
 
     cuda = cfg.device == "cuda"
@@ -120,6 +118,16 @@ def measure(cfg, model: Path, out: Path) -> dict:
     train(cfg, out, quiet=True)
     wall = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() if cuda else None
+    return {**throughput(out, model), "peak_memory_bytes": peak, "wall_s": wall}
+
+
+def throughput(out: Path, model: Path) -> dict:
+    """Per-step timings and token counts of the run in ``out`` (its metrics.jsonl and saved
+    rollouts), and the tokens/s they give, the first step left out when there are more."""
+    from transformers import AutoTokenizer
+
+    from aggbench.prompts import encode_prompts
+
     tokenizer = AutoTokenizer.from_pretrained(model)
     steps = []
     for line in (out / "metrics.jsonl").read_text().splitlines():
@@ -144,7 +152,6 @@ def measure(cfg, model: Path, out: Path) -> dict:
     gen = sum(s["generated_tokens"] for s in timed) / sum(s["generate_s"] for s in timed)
     upd = sum(s["update_tokens"] for s in timed) / sum(s["update_s"] for s in timed)
     return {"steps": steps, "generate_tokens_per_s": gen, "update_tokens_per_s": upd,
-            "peak_memory_bytes": peak, "wall_s": wall,
             "median_step_s": statistics.median(s["generate_s"] + s["update_s"] for s in timed)}  # fmt: skip
 
 
