@@ -173,6 +173,7 @@ def _train_locked(
         model_path=str(model_dir),
         gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
         tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+        max_model_len=cfg.sampling.max_prompt_tokens + cfg.sampling.max_new_tokens,
         seed=cfg.seed,
     )
     prompt_kw = {

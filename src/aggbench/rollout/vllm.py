@@ -186,6 +186,9 @@ class VLLMEngine:
             worker_extension_cls="aggbench.rollout.vllm.WeightSyncExtension",
             seed=options.get("seed", 0),  # the same on every rank, as external_launcher needs
             **launcher_kwargs(options.get("tensor_parallel_size", 1), world),
+            # the longest prompt + response the caller will ask for; vLLM's default is the model's
+            # whole context (40,960 for Qwen3), whose KV-cache profiling a colocated trainer can't spare
+            **({"max_model_len": options["max_model_len"]} if options.get("max_model_len") else {}),
         )
         return cls(llm, tokenizer, sleep_between=options.get("enable_sleep_mode", True))
 
