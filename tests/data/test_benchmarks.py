@@ -63,10 +63,9 @@ def test_every_benchmark_yaml_validates() -> None:
         spec = load_benchmark_spec(name)
         assert spec.name == name
         assert spec.source_path == REPO / "configs" / "benchmarks" / f"{name}.yaml"
-        if spec.hub is not None and not spec.hub.pinned:
-            # an unpinned revision must be marked in the file, never silently left floating
-            text = spec.source_path.read_text()
-            assert f"revision: {spec.hub.revision}  # TODO pin" in text, name
+        # every online source is pinned: a hub commit, or a URL with the file's sha256
+        assert spec.hub is None or spec.hub.pinned, name
+        assert spec.url is None or len(spec.url.sha256) == 64, name
 
 
 def test_unknown_benchmark_name_lists_names_and_suggests() -> None:
@@ -394,11 +393,17 @@ def test_hub_configs_are_concatenated_at_the_pinned_revision(fake_hub) -> None:
     assert records.source == f"hf://datasets/opencompass/AIME2025@{pin}"
 
 
-def test_unpinned_hub_revision_warns_and_names_todays_commit(fake_hub) -> None:
+def test_unpinned_hub_revision_warns_and_names_todays_commit(fake_hub, tmp_path: Path) -> None:
     calls, tables = fake_hub
     tables[None] = [{"problem": "p", "solution": "so \\boxed{3}"}]
+    # a user's spec on a branch (every shipped spec is pinned)
+    text = (REPO / "configs" / "benchmarks" / "minerva.yaml").read_text()
+    url_block = text[text.index("url:\n") : text.index("offline_file:")]
+    hub = "hub:\n  id: knoveleng/Minerva-Math\n  revision: main\n  split: train\n  fields:\n"
+    hub += "    id: null\n    prompt: problem\n    solution: solution\n"
+    spec = _write_yaml(tmp_path, "minerva", text.replace(url_block, hub))
     with pytest.warns(UserWarning, match="'main' of knoveleng/Minerva-Math is not a pinned commit") as rec:
-        records = load_benchmark("minerva")
+        records = load_benchmark(spec)
     # the warning names today's commit so the user pins it in one edit
     assert any(f"put `revision: {'a' * 40}` in its spec" in str(w.message) for w in rec)
     assert calls[0][2] == "main" and records[0]["answer"] == "3"

@@ -36,9 +36,9 @@ def make(cls, **extra):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"fields": FIELDS}, "give at least one data source: hub, offline_file"),
+        ({"fields": FIELDS}, "give at least one data source: hub, url, offline_file"),
         ({"offline_file": "x.jsonl"}, "fields is required (the mapping to the canonical record)"),
-        ({"builtin": BUILTIN, "offline_file": "x.jsonl"}, "builtin excludes hub and offline_file"),
+        ({"builtin": BUILTIN, "offline_file": "x.jsonl"}, "builtin excludes hub, url and offline_file"),
         ({"offline_file": "/abs/x.jsonl", "fields": FIELDS}, "must be a path relative to $AGGBENCH_DATA_DIR"),
     ],
     ids=["no-source", "no-fields", "builtin-and-file", "absolute-file"],

@@ -104,11 +104,11 @@ class BenchmarkSpec(DataSpec):
         if (self.evalplus is not None) != (self.grader.name == "evalplus"):
             raise ValueError("grader 'evalplus' and an `evalplus:` source (dataset, version) go together")
         if self.evalplus is not None:
-            if self.hub or self.offline_file or self.builtin:
-                raise ValueError("evalplus excludes hub, offline_file and builtin")
+            if self.hub or self.url or self.offline_file or self.builtin:
+                raise ValueError("evalplus excludes hub, url, offline_file and builtin")
             self.fields = self.fields or FieldMap(id="task_id", prompt="prompt")
         maps = self._check_sources(
-            "hub, offline_file, builtin or evalplus", other_source=self.evalplus is not None
+            "hub, url, offline_file, builtin or evalplus", other_source=self.evalplus is not None
         )
         for label, fields in maps:
             _check_fields(label, fields, self.grader.name, self.answer_from)

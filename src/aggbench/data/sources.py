@@ -7,7 +7,8 @@ Used by :mod:`aggbench.data.benchmarks` and :mod:`aggbench.data.training`:
 - :func:`resolve_config` finds ``NAME.yaml`` under an env-var directory, then ``configs/<kind>/``.
 - Row sources yield ``(where, line, row)``: :func:`offline_rows` (``$AGGBENCH_DATA_DIR`` JSONL,
   optionally joined by row order with a second file), :func:`hub_rows` (``datasets.load_dataset``
-  at a pinned revision, imported lazily) and :func:`builtin_rows` (the tiny task).
+  at a pinned revision, imported lazily), :func:`url_rows` (a JSONL file at a URL pinned by its
+  sha256, e.g. a raw file at a git commit) and :func:`builtin_rows` (the tiny task).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from aggbench.data.jsonl import DataError, get_field, iter_jsonl
 from aggbench.registry import did_you_mean
@@ -34,6 +35,7 @@ from aggbench.registry import did_you_mean
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DATA_DIR_ENV = "AGGBENCH_DATA_DIR"
 _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class SpecError(ValueError):
@@ -87,6 +89,21 @@ class HubSource(Strict):
     @property
     def pinned(self) -> bool:
         return bool(_FULL_SHA.match(self.revision))
+
+
+class UrlSource(Strict):
+    """A JSONL file at a URL, pinned by content: a raw file at a git commit, say, for data whose hub
+    copy cannot be pinned. Same columns as the offline file (``fields`` applies)."""
+
+    url: str
+    sha256: str = Field(description="the file's sha256 (64 hex): a different file is refused")
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: str) -> str:
+        if not _SHA256.match(value):
+            raise ValueError(f"sha256 must be 64 lowercase hex digits, got {value!r}")
+        return value
 
 
 class BuiltinSource(Strict):
@@ -245,7 +262,9 @@ def offline_path(root: Path | None, relpath: str | None, *, name: str, has_hub: 
     if path.is_file():
         return path
     if has_hub:
-        warnings.warn(f"{name}: {path} not found under the offline data dir; trying the hub", stacklevel=4)
+        warnings.warn(
+            f"{name}: {path} not found under the offline data dir; trying the hub or URL", stacklevel=4
+        )
     return None
 
 
@@ -354,6 +373,35 @@ def hub_rows(
     adapt = _adapt_livecodebench if hub.adapter == "livecodebench" else dict
     rows = (adapt(row) for part in parts for row in part)
     return ((where, i + 1, row) for i, row in enumerate(rows))
+
+
+def url_rows(
+    source: UrlSource, *, name: str, offline_file: str | None, data_dir: Path | None
+) -> Iterator[Row]:
+    """Rows of the JSONL file at ``source.url``, downloaded once into the `datasets` cache (its own
+    download manager: retries, resumes, HF_DATASETS_OFFLINE), refused unless its sha256 is the
+    pinned one. The download and the check happen before this returns."""
+    import hashlib
+
+    try:
+        from datasets import DownloadManager
+
+        path = Path(DownloadManager().download(source.url))
+    except Exception as exc:
+        have = repr(str(data_dir)) if data_dir else "unset"
+        raise DataUnavailableError(
+            f"{name}: could not download {source.url} ({type(exc).__name__}: {exc}). Offline, set "
+            f"${DATA_DIR_ENV} to a directory holding {offline_file or 'the canonical JSONL file'} "
+            f"(the data dir is {have})."
+        ) from exc
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != source.sha256:
+        raise DataUnavailableError(
+            f"{name}: {source.url} (downloaded to {path}) has sha256 {digest}, but its spec pins "
+            f"{source.sha256}: the file changed upstream or the download is corrupt. Delete {path} "
+            "to download it again, or check the URL's commit."
+        )
+    return ((source.url, line, row) for line, row in iter_jsonl(path))
 
 
 def builtin_rows(source: BuiltinSource) -> Iterator[Row]:

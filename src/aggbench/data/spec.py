@@ -1,6 +1,7 @@
 """What every data spec shares: a benchmark (:class:`~aggbench.data.benchmarks.BenchmarkSpec`) and
 an RL training set (:class:`~aggbench.data.training.TrainingDatasetSpec`) have the same identity,
-data sources (built-in task, offline file under ``$AGGBENCH_DATA_DIR``, pinned hub copy), field map,
+data sources (built-in task, offline file under ``$AGGBENCH_DATA_DIR``, pinned hub copy or pinned
+URL), field map,
 chat settings and grader, are found and validated the same way (:func:`load_spec`), and read their
 rows from the first source available in the same order (:meth:`DataSpec.open_rows`).
 """
@@ -23,6 +24,7 @@ from aggbench.data.sources import (
     OfflineJoin,
     Row,
     Strict,
+    UrlSource,
     builtin_rows,
     check_relative,
     hub_rows,
@@ -32,13 +34,14 @@ from aggbench.data.sources import (
     read_spec,
     resolve_config,
     top_columns,
+    url_rows,
 )
 
 
 class SpecRows(NamedTuple):
     """Rows of the source a spec was read from. source: ``builtin:tiny``, the offline file's path or
-    ``hf://datasets/ID@REVISION``; fields: the field map for those rows (the hub's own where it has
-    one); offline: True for the offline file."""
+    ``hf://datasets/ID@REVISION`` or the pinned URL; fields: the field map for those rows (the hub's
+    own where it has one); offline: True for the offline file."""
 
     rows: Iterator[Row]
     source: str
@@ -53,6 +56,7 @@ class DataSpec(Strict):
     version: int = Field(ge=1)
     description: str = ""
     hub: HubSource | None = None
+    url: UrlSource | None = None
     offline_file: str | None = None
     builtin: BuiltinSource | None = None
     fields: FieldMap | None = None
@@ -71,15 +75,16 @@ class DataSpec(Strict):
     def _check_sources(self, sources: str, *, other_source: bool = False) -> list[tuple[str, FieldMap]]:
         """The source checks every spec makes (called from the subclass's model validator).
 
-        builtin excludes hub and offline_file and defaults the field map to the task's own columns;
-        without builtin (or the subclass's ``other_source``), hub or offline_file is required, as is
-        a field map. Returns ``[(label, field map)]`` for ``fields`` and ``hub.fields`` where given.
+        builtin excludes hub, url and offline_file and defaults the field map to the task's own
+        columns; without builtin (or the subclass's ``other_source``), hub, url or offline_file is
+        required, as is a field map. Returns ``[(label, field map)]`` for ``fields`` and
+        ``hub.fields`` where given.
         """
         if self.builtin is not None:
-            if self.hub or self.offline_file:
-                raise ValueError("builtin excludes hub and offline_file")
+            if self.hub or self.url or self.offline_file:
+                raise ValueError("builtin excludes hub, url and offline_file")
             self.fields = self.fields or FieldMap(id="id", prompt="prompt", answer="answer")
-        elif self.hub is None and self.offline_file is None and not other_source:
+        elif self.hub is None and self.url is None and self.offline_file is None and not other_source:
             raise ValueError(f"give at least one data source: {sources}")
         if self.fields is None:
             raise ValueError("fields is required (the mapping to the canonical record)")
@@ -101,13 +106,15 @@ class DataSpec(Strict):
 
     def open_rows(self, root: Path | None, *, join: OfflineJoin | None = None) -> SpecRows:
         """Rows from the first available source: builtin, else ``root/offline_file`` (with ``join``),
-        else the hub; :class:`DataUnavailableError` naming ``$AGGBENCH_DATA_DIR`` when none is.
+        else the hub, else the pinned URL; :class:`DataUnavailableError` naming
+        ``$AGGBENCH_DATA_DIR`` when none is.
         (The source functions warn with stacklevel 4: at the caller of the spec's loader.)"""
         fields = self.fields
         assert fields is not None  # set by the validator
         if self.builtin is not None:
             return SpecRows(builtin_rows(self.builtin), "builtin:tiny", fields, False)
-        path = offline_path(root, self.offline_file, name=self.name, has_hub=self.hub is not None)
+        online = self.hub is not None or self.url is not None
+        path = offline_path(root, self.offline_file, name=self.name, has_hub=online)
         if path is not None:
             assert root is not None and self.offline_file is not None
             return SpecRows(offline_rows(root, self.offline_file, join), str(path), fields, True)
@@ -121,8 +128,11 @@ class DataSpec(Strict):
                 data_dir=root,
             )
             return SpecRows(rows, f"hf://datasets/{self.hub.id}@{self.hub.revision}", fields, False)
+        if self.url is not None:
+            rows = url_rows(self.url, name=self.name, offline_file=self.offline_file, data_dir=root)
+            return SpecRows(rows, self.url.url, fields, False)
         raise DataUnavailableError(
-            f"{self.name}: no hub source, and the offline file {self.offline_file!r} was not found under "
+            f"{self.name}: no hub or URL source, and the offline file {self.offline_file!r} was not found under "
             f"${DATA_DIR_ENV} ({DATA_DIR_ENV} is {repr(str(root)) if root else 'unset'}). "
             f"Set {DATA_DIR_ENV} to the directory that holds {self.offline_file}."
         )

@@ -55,7 +55,7 @@ class TrainingDatasetSpec(DataSpec):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingDatasetSpec:
-        maps = self._check_sources("hub, offline_file or builtin")
+        maps = self._check_sources("hub, url, offline_file or builtin")
         if self.builtin is not None and self.builtin.split != "train":
             raise ValueError("a training dataset uses the built-in task's train split")
         for label, fields in maps:
