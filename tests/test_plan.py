@@ -137,6 +137,23 @@ def test_paper_plan_numbers_hold_together():
         assert mem["update"]["checkpointing"]["activations"] < update["activations"]
 
 
+def test_generate_jobs_on_several_gpus_are_planned_tensor_parallel(tmp_path):
+    """`aggbench generate` spans a generate job's GPUs with vLLM tensor parallelism: per GPU, the
+    weights halve on 2 GPUs and the KV heads split (Qwen2.5-Math-7B has 4), so more sequences fit."""
+    cfg = yaml.safe_load(PAPER.read_text())
+    cfg["models"]["qwen2.5-math-7b"]["resources"]["generate"]["gpus"] = 2
+    path = tmp_path / "paper2.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    one = plan_json(PAPER)["models"]["qwen2.5-math-7b"]["memory"]["generate_job"]
+    two = plan_json(path)["models"]["qwen2.5-math-7b"]["memory"]["generate_job"]
+    assert (one["tensor_parallel_size"], two["tensor_parallel_size"]) == (1, 2)
+    assert one["weights_per_gpu"] == one["weights"] == 2 * two["weights_per_gpu"]
+    # budget per GPU grows by half the weights and each sequence's KV per GPU halves: > 2x the room
+    assert two["max_length_sequences_in_kv"] > 2 * one["max_length_sequences_in_kv"]
+    table = CliRunner().invoke(main, ["plan", str(path)])
+    assert "generate job (2 GPU, vLLM tensor-parallel 2)" in table.output
+
+
 @pytest.mark.parametrize(
     "hub_id, total, non_embedding, digits",
     [

@@ -230,7 +230,7 @@ def model_plan(exp: dict, name: str, plan: dict, workload: list[dict]) -> dict[s
     eval_h = eval_tokens / eval_tps / 3600 if eval_tps else None
     eval_gpu_h = None if eval_h is None else (eval_h if gen_gpus else 0.0)
 
-    memory = memory_plan(exp, name, shape, cfg, plan, gpus, precision)
+    memory = memory_plan(exp, name, shape, cfg, plan, gpus, precision, gen_gpus)
     runtime_h = float(resource(exp, "train", name, "runtime")) / 60
     segment_wall_h = step_gpu_s * longest_segment / max(gpus, 1) / 3600 if step_gpu_s is not None else None
     warnings = list(memory.pop("warnings"))
@@ -320,9 +320,12 @@ def train_job_memory(
     return {"micro_batch_size": mb, "settings": kw, "update": update, "rollout": rollout}
 
 
-def memory_plan(exp, name, shape: cm.ModelShape, cfg, plan, gpus: int, precision: str) -> dict:
+def memory_plan(
+    exp, name, shape: cm.ModelShape, cfg, plan, gpus: int, precision: str, gen_gpus: int = 1
+) -> dict:
     """Bytes per GPU (host bytes for a CPU job) of a train job's update and rollout phases and of a
-    generate job, with a fit check against the GPU (or the job's mem_mb)."""
+    generate job (vLLM tensor-parallel over its ``gen_gpus``), with a fit check against the GPU (or
+    the job's mem_mb)."""
     job = train_job_memory(
         shape, cfg, gpus=gpus, gpu_memory_gib=plan["gpu"]["memory_gib"], precision=precision
     )
@@ -353,8 +356,14 @@ def memory_plan(exp, name, shape: cm.ModelShape, cfg, plan, gpus: int, precision
     engine = exp["evaluation"].get("engine", "hf")
     gen = {"engine": engine, "weights": 2 * n, "kv_per_max_length_sequence": seq_kv}
     if engine == "vllm":
-        gen_budget = EVAL_VLLM_MEMORY_UTILIZATION * plan["gpu"]["memory_gib"] * cm.GIB - 2 * n
-        gen["max_length_sequences_in_kv"] = max(int(gen_budget // seq_kv), 0)
+        # `aggbench generate --tensor-parallel-size gpus`: weights split over the GPUs, and the KV
+        # heads too (replicated once there are more GPUs than KV heads)
+        tp = max(gen_gpus, 1)
+        gen["tensor_parallel_size"] = tp
+        gen["weights_per_gpu"] = 2 * n // tp
+        kv_per_gpu = seq_kv / min(tp, shape.kv_heads)
+        gen_budget = EVAL_VLLM_MEMORY_UTILIZATION * plan["gpu"]["memory_gib"] * cm.GIB - 2 * n / tp
+        gen["max_length_sequences_in_kv"] = max(int(gen_budget // kv_per_gpu), 0)
     return {
         "micro_batch_size": mb,
         "update": {"no_checkpointing": update[False], "checkpointing": update[True]},

@@ -94,7 +94,8 @@ def render(plan: dict[str, Any]) -> str:
         line = f"    KV cache: {_bytes(gj['kv_per_max_length_sequence'])} per max-length sequence"
         if "max_length_sequences_in_kv" in gj:
             line += (
-                f"; generate job ({m['generate_gpus']} GPU, vLLM): weights {_bytes(gj['weights'])}, "
+                f"; generate job ({m['generate_gpus']} GPU, vLLM tensor-parallel {gj['tensor_parallel_size']}): "
+                f"weights {_bytes(gj['weights_per_gpu'])} per GPU, "
                 f"KV room for {gj['max_length_sequences_in_kv']} max-length sequences"
             )
         out.append(line)
