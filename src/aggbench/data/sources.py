@@ -254,14 +254,15 @@ def resolve_data_dir(explicit: str | Path | None = None) -> Path | None:
     return Path(value) if value else None
 
 
-def offline_path(root: Path | None, relpath: str | None, *, name: str, has_hub: bool) -> Path | None:
-    """``root/relpath`` if that file exists; warns when a data dir is set but lacks it (hub next)."""
+def offline_path(root: Path | None, relpath: str | None, *, name: str, has_online: bool) -> Path | None:
+    """``root/relpath`` if that file exists; warns when a data dir is set but lacks it and an online
+    source (hub or URL) comes next."""
     if root is None or relpath is None:
         return None
     path = root / relpath
     if path.is_file():
         return path
-    if has_hub:
+    if has_online:
         warnings.warn(
             f"{name}: {path} not found under the offline data dir; trying the hub or URL", stacklevel=4
         )
@@ -364,15 +365,22 @@ def hub_rows(
             keep = sorted(set(columns))
             parts = [part.select_columns([c for c in keep if c in part.column_names]) for part in parts]
     except Exception as exc:  # any hub failure gets the same actionable message
-        have = str(data_dir) if data_dir else None
         raise DataUnavailableError(
             f"{name}: could not load {where.removesuffix(' row')} from the Hugging Face hub ({type(exc).__name__}: {exc}). "
-            f"Offline, set ${DATA_DIR_ENV} to a directory holding {offline_file or 'the canonical JSONL file'} "
-            f"(the data dir is {'set to ' + repr(have) if have else 'unset'})."
+            + _offline_hint(offline_file, data_dir)
         ) from exc
     adapt = _adapt_livecodebench if hub.adapter == "livecodebench" else dict
     rows = (adapt(row) for part in parts for row in part)
     return ((where, i + 1, row) for i, row in enumerate(rows))
+
+
+def _offline_hint(offline_file: str | None, data_dir: Path | None) -> str:
+    """The fix when an online source fails: where the offline copy goes."""
+    have = f"set to {str(data_dir)!r}" if data_dir else "unset"
+    return (
+        f"Offline, set ${DATA_DIR_ENV} to a directory holding {offline_file or 'the canonical JSONL file'} "
+        f"(the data dir is {have})."
+    )
 
 
 def url_rows(
@@ -388,11 +396,9 @@ def url_rows(
 
         path = Path(DownloadManager().download(source.url))
     except Exception as exc:
-        have = repr(str(data_dir)) if data_dir else "unset"
         raise DataUnavailableError(
-            f"{name}: could not download {source.url} ({type(exc).__name__}: {exc}). Offline, set "
-            f"${DATA_DIR_ENV} to a directory holding {offline_file or 'the canonical JSONL file'} "
-            f"(the data dir is {have})."
+            f"{name}: could not download {source.url} ({type(exc).__name__}: {exc}). "
+            + _offline_hint(offline_file, data_dir)
         ) from exc
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != source.sha256:

@@ -114,7 +114,7 @@ class DataSpec(Strict):
         if self.builtin is not None:
             return SpecRows(builtin_rows(self.builtin), "builtin:tiny", fields, False)
         online = self.hub is not None or self.url is not None
-        path = offline_path(root, self.offline_file, name=self.name, has_hub=online)
+        path = offline_path(root, self.offline_file, name=self.name, has_online=online)
         if path is not None:
             assert root is not None and self.offline_file is not None
             return SpecRows(offline_rows(root, self.offline_file, join), str(path), fields, True)
