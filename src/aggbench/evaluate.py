@@ -198,6 +198,8 @@ def _make_engine(kind: str, checkpoint: Path, options: GenerateOptions):
     if kind == "vllm":
         from transformers import AutoTokenizer
 
+        from aggbench.rollout.vllm import EVAL_GPU_MEMORY_UTILIZATION
+
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         try:
             engine = make_engine(
@@ -206,7 +208,7 @@ def _make_engine(kind: str, checkpoint: Path, options: GenerateOptions):
                 tokenizer,
                 model_path=str(checkpoint),
                 dtype=resolve_dtype(options.dtype, "cuda"),
-                gpu_memory_utilization=0.85,  # nothing else on the GPU: no trainer beside it
+                gpu_memory_utilization=EVAL_GPU_MEMORY_UTILIZATION,
                 tensor_parallel_size=options.tensor_parallel_size,
                 enable_sleep_mode=False,
                 seed=options.seed,

@@ -33,6 +33,7 @@ from typing import Any
 
 from aggbench import costmodel as cm
 from aggbench.grid import GridError, cell_train_config, cells, checkpoint_steps, eval_steps, job_counts
+from aggbench.rollout.vllm import EVAL_GPU_MEMORY_UTILIZATION
 
 # Defaults of the `plan:` block, each with its source (printed under "assumed" when used).
 DEFAULTS: dict[str, Any] = {
@@ -62,7 +63,6 @@ KNOWN_PROBLEMS = {"math500": 500, "aime24": 30, "aime25": 30, "minerva": 272, "o
                   "livecodebench": 279}  # fmt: skip
 # What common.smk uses when the config sets no resource (keep the two in step).
 RESOURCE_FALLBACK = {"cpus": 1, "mem_mb": 4000, "runtime": 60, "gpus": 0}
-EVAL_VLLM_MEMORY_UTILIZATION = 0.85  # aggbench.evaluate: vLLM alone on the GPU
 LOCAL_RULES = ("prepare_model", "prepare_data", "experiment_config", "cell_config", "all")
 SLURM_RULES = ("train", "generate", "grade", "generate_base", "grade_base", "report")
 
@@ -362,7 +362,7 @@ def memory_plan(
         gen["tensor_parallel_size"] = tp
         gen["weights_per_gpu"] = 2 * n // tp
         kv_per_gpu = seq_kv / min(tp, shape.kv_heads)
-        gen_budget = EVAL_VLLM_MEMORY_UTILIZATION * plan["gpu"]["memory_gib"] * cm.GIB - 2 * n / tp
+        gen_budget = EVAL_GPU_MEMORY_UTILIZATION * plan["gpu"]["memory_gib"] * cm.GIB - 2 * n / tp
         gen["max_length_sequences_in_kv"] = max(int(gen_budget // kv_per_gpu), 0)
     return {
         "micro_batch_size": mb,

@@ -35,6 +35,9 @@ from typing import Any
 
 from aggbench.rollout.base import Rollouts
 
+# The evaluator's engine has its GPUs to itself (no trainer beside it); `aggbench plan` budgets with it.
+EVAL_GPU_MEMORY_UTILIZATION = 0.85
+
 GPU_EXTRA_HINT = (
     "the vLLM rollout engine needs the `gpu` extra (vLLM 0.33 and its CUDA wheels): "
     "pip install 'aggbench[gpu]' on a GPU machine, or set rollout.engine: hf"
