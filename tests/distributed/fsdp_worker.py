@@ -2,9 +2,9 @@
 
 Usage: torchrun --nproc_per_node N fsdp_worker.py PLAN.json RESULT.json
 PLAN.json is a list of runs: {"config": cell YAML, "out": run dir, "until": step or null,
-"slip": bool, "expect_error": bool, "count_generate": bool}. ``slip`` re-creates the mean-vs-sum mistake for that run:
-FSDP2 keeps its default gradient reduction (the mean over ranks) because ``sum_gradients`` does
-nothing. A run with ``expect_error`` records the error's type and message instead of failing.
+"slip": bool, "expect_error": bool, "count_generate": bool}. ``slip`` re-creates the mean-vs-sum
+mistake for that run: FSDP2 keeps its default gradient reduction (the mean over ranks) because
+``sum_gradients`` does nothing. A run with ``expect_error`` records the error's type and message instead of failing.
 ``count_generate`` counts this rank's rollout-engine ``generate`` calls per step and writes them
 to ``out/generate_calls.rank{R}.json`` ({step: calls}).
 Rank 0 writes {out: "ok" | "<ErrorType>: message"} to RESULT.json.

@@ -5,8 +5,10 @@ vLLM is not installed here and there is no GPU: the engine itself is NOT exercis
 * ``VLLMEngine.from_model`` against a fake ``vllm`` module (put in ``sys.modules``) whose ``LLM``
   records its keyword arguments: under torchrun (``WORLD_SIZE`` > 1) it asks for vLLM's
   ``external_launcher`` with the run's seed and without vLLM's lockstep ``data_parallel_size``
-  (ranks call ``generate`` different numbers of times: see ``aggbench.rollout.vllm``); one process gets exactly the arguments it got before; a TP size that does not divide the
-  world is an error naming the field; ``sync_weights`` pushes every exported tensor once, in buckets, then resets vLLM's prefix cache.
+  (ranks call ``generate`` different numbers of times: see ``aggbench.rollout.vllm``); one process
+  gets exactly the arguments it got before; a TP size that does not divide the world is an error
+  naming the field; ``sync_weights`` pushes every exported tensor once, in buckets, then resets
+  vLLM's prefix cache.
 * The weight export of an FSDP2-sharded model (2 gloo ranks under torchrun, the trainer's own
   ``parallel.prepare_model``): every rank gets the same names, shapes, dtypes and values as
   ``export_weights`` of the unsharded model (tied ``lm_head`` dropped, bf16 cast).
