@@ -144,7 +144,10 @@ def test_a_function_the_worker_cannot_import_fails_its_items_clearly(pool):
     pids = pool.pids
     out = pool.map(uneven, [1, 2])
     if out == [uneven(1), uneven(2)]:
-        pytest.skip("this pytest run can import test modules by name in the worker")
+        pytest.skip(
+            "the worker could import this test module (pytest is not in --import-mode=importlib, "
+            "as pyproject.toml sets), so there is no unimportable function to test with"
+        )
     assert all(r["reason"].startswith("error: cannot load the task in the worker") for r in out)
     assert pool.pids == pids
     with pytest.raises(TypeError, match="module-level function"):
