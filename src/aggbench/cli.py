@@ -16,7 +16,10 @@ import click
 COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("aggbench.aggregation.explain_cli", "Show what every aggregation rule does to a batch."),
     "rules": ("aggbench.aggregation.explain_cli:rules_command", "List the registered aggregation rules."),
-    "prepare-model": ("aggbench.tiny_cli", "Build a model directory (the built-in tiny model)."),
+    "prepare-model": (
+        "aggbench.tiny_cli",
+        "Build a model directory: the tiny model, a local copy, or a hub snapshot.",
+    ),
     "grade": ("aggbench.grading.cli", "Grade generations (math or code) from a JSONL file."),
     "train": ("aggbench.train_cli", "Train one cell, or one segment of it, resuming from checkpoints."),
     "generate": (

@@ -123,13 +123,14 @@ model_options = options(
 
 def bad_input_errors() -> tuple[type[Exception], ...]:
     """The errors that mean bad input rather than a bug: evaluation input, data rows, data
-    availability, benchmark/dataset specs and experiment grids (imported lazily)."""
+    availability, benchmark/dataset specs, experiment grids and model directories (imported lazily)."""
     from aggbench.data.jsonl import DataError
     from aggbench.data.sources import DataUnavailableError, SpecError
     from aggbench.grid import GridError
+    from aggbench.modeldir import ModelDirError
     from aggbench.scoring import EvaluationError
 
-    return (EvaluationError, DataError, DataUnavailableError, SpecError, GridError)
+    return (EvaluationError, DataError, DataUnavailableError, SpecError, GridError, ModelDirError)
 
 
 @contextlib.contextmanager

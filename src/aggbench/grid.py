@@ -43,7 +43,8 @@ def load_experiment(path: str | Path) -> dict:
     if not path.is_file():
         raise GridError(f"experiment config {path} does not exist")
     exp = yaml.safe_load(path.read_text()) or {}
-    validate_experiment(exp)
+    # A plugin may sit beside its config, as under Snakemake (the Snakefile adds the config's folder).
+    validate_experiment(exp, search_paths=[path.resolve().parent])
     return exp
 
 
@@ -76,8 +77,11 @@ def fill_defaults(exp: dict) -> dict:
     return exp
 
 
-def validate_experiment(exp: dict) -> None:
-    """Raise GridError listing every problem, or return None."""
+def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> None:
+    """Raise GridError listing every problem, or return None.
+
+    Plugins are looked up in ``search_paths`` (a config's folder), the working directory and the
+    repository root."""
     errors = _schema_errors(exp)
     if errors:
         raise GridError("invalid experiment config:\n  " + "\n  ".join(errors))
@@ -87,7 +91,7 @@ def validate_experiment(exp: dict) -> None:
 
     problems: list[str] = []
     try:
-        load_plugins(exp["plugins"], search_paths=[Path.cwd(), REPO_ROOT])
+        load_plugins(exp["plugins"], search_paths=[Path.cwd(), REPO_ROOT, *search_paths])
     except Exception as exc:
         problems.append(f"plugins: {exc}")
     names = [a["name"] for a in exp["aggregations"]]

@@ -316,8 +316,8 @@ def _squash(value: Any) -> str:
 def resolve_revision(hub: HubSource) -> str | None:
     """The commit a branch revision points at now (hub metadata only), or None when unreachable.
 
-    The shipped specs say `main` where no commit hash could be read offline; the first online load
-    names the commit so a user pins it in one edit."""
+    A spec that names a branch (every shipped spec is pinned to a commit) is resolved on its first
+    online load, and the commit is named so the user pins it in one edit."""
     try:
         from huggingface_hub import HfApi, constants
 
