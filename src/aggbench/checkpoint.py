@@ -11,19 +11,28 @@ Layout of a run directory::
     <run>/.lock                        flock held by the process training this run
 
 A checkpoint is built in ``step_<N>.tmp-<pid>`` and renamed into place, so a crash never leaves a
-directory named ``step_<N>`` that is not complete.
+directory named ``step_<N>`` that is not complete. A file of it damaged later (a full disk, a bad
+copy) is a :class:`CheckpointError` on resume naming the file and the fix, never a torch traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import json
 import os
+import pickle
 import re
 import shutil
+import struct
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from aggbench.modeldir import ModelDirError, loading, require_model_dir
 
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
@@ -33,6 +42,10 @@ _STEP_RE = re.compile(r"^step_(\d+)$")
 
 class RunLockedError(RuntimeError):
     pass
+
+
+class CheckpointError(ModelDirError):
+    """A file of the checkpoint being resumed is empty, truncated or otherwise unreadable."""
 
 
 class RunLock:
@@ -95,6 +108,131 @@ def latest_resumable(run_dir: Path) -> int | None:
         if (checkpoint_dir(run_dir, step) / STATE_FILE).exists():
             return step
     return None
+
+
+def unreadable(run_dir: Path, step: int, path: Path, why: str) -> CheckpointError:
+    """The error for an unreadable file of ``step_N``: names the file, the cause and the fix."""
+    earlier = [
+        s for s in complete_steps(run_dir) if s < step and (checkpoint_dir(run_dir, s) / STATE_FILE).exists()
+    ]
+    then = f"resume from step {earlier[-1]}" if earlier else "start again from step 0"
+    return CheckpointError(
+        f"{path} is unreadable ({why}); delete {checkpoint_dir(run_dir, step)} to {then}, "
+        "or train into a new --out"
+    )
+
+
+def check_readable(run_dir: Path, step: int) -> None:
+    """Cheap checks of ``step_N``'s files before anything loads (an empty or truncated trainer
+    state, weights file or shard): reads sizes and headers only. Raises :class:`CheckpointError`."""
+    d = checkpoint_dir(run_dir, step)
+    weights = sorted(d.glob("*.safetensors"))
+    if not weights:
+        raise unreadable(run_dir, step, d / "model.safetensors", "missing")
+    files = [(d / STATE_FILE, _torch_file_problem), *((w, weights_problem) for w in weights)]
+    if (d / SHARDED_DIR).is_dir():
+        shards = [d / SHARDED_DIR / ".metadata", *sorted((d / SHARDED_DIR).glob("*.distcp"))]
+        files += [(f, _nonempty_problem) for f in shards]
+    for path, problem in files:
+        why = problem(path)
+        if why:
+            raise unreadable(run_dir, step, path, why)
+
+
+@contextlib.contextmanager
+def opening(run_dir: Path, step: int, model_path: str | Path) -> Iterator[Path]:
+    """Around loading the policy: yields the directory it loads from (``step_N`` of a resume, its
+    files checked first, else ``model_path``); a failure to load is one line naming it."""
+    if not step:
+        with loading(model_path, what="model.path"):
+            yield Path(model_path)
+        return
+    check_readable(run_dir, step)
+    d = checkpoint_dir(run_dir, step)
+    with reading(run_dir, step, d):
+        yield d
+
+
+@contextlib.contextmanager
+def reading(run_dir: Path, step: int, path: Path) -> Iterator[None]:
+    """Around the code that loads ``path`` of ``step_N``: a failure to read it (``EOFError`` of an
+    empty pickle, which click would take for Ctrl-D; a torn zip; a bad safetensors file; a failed
+    torch.distributed.checkpoint load) becomes :class:`CheckpointError`."""
+    try:
+        yield
+    except BaseException as exc:
+        cause = _read_failure(exc)
+        if cause is None:
+            raise
+        raise unreadable(run_dir, step, path, cause) from exc
+
+
+def _read_failure(exc: BaseException) -> str | None:
+    """``Type: first sentence`` of an error that means a file did not read; None for anything else
+    (out of memory, a CUDA error, Ctrl-C, an aggbench error). torch.distributed.checkpoint's
+    ``CheckpointException`` is judged by the first rank's error inside it."""
+    failures = getattr(exc, "failures", None)
+    if type(exc).__name__ == "CheckpointException" and isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        exc = first[0] if isinstance(first, tuple) else first
+    text = str(exc).strip()
+    if (
+        isinstance(exc, ModelDirError | torch.OutOfMemoryError)
+        or "out of memory" in text.lower()
+        or "CUDA" in text
+        or not isinstance(exc, OSError | EOFError | ValueError | RuntimeError | pickle.UnpicklingError)
+        and type(exc).__name__ not in ("SafetensorError", "CheckpointException")
+    ):
+        return None
+    return (
+        f"{type(exc).__name__}: {text.splitlines()[0].split('. ')[0][:200]}" if text else type(exc).__name__
+    )
+
+
+def require_weights(path: str | Path, *, what: str, fix: str) -> Path:
+    """:func:`aggbench.modeldir.require_model_dir`, and its ``.safetensors`` files complete (their
+    headers read: an empty or truncated weights file fails here, before anything loads)."""
+    p = require_model_dir(path, what=what, fix=fix)
+    for weights in sorted(p.glob("*.safetensors")):
+        if why := weights_problem(weights):
+            raise ModelDirError(f"{what} {p}: {weights.name} is unreadable ({why}); {fix}")
+    return p
+
+
+def weights_problem(path: Path) -> str | None:
+    """Why a ``.safetensors`` file cannot be complete (empty, header or data cut short), or None;
+    reads its header only."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:  # a dangling link
+        return f"{type(exc).__name__}: {exc.strerror}"
+    if size == 0:
+        return "empty file"
+    try:
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8).ljust(8, b"\xff"))
+            if 8 + n > size:
+                return f"truncated: {size} bytes, shorter than its header says"
+            header = json.loads(fh.read(n))
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, UnicodeDecodeError):
+        return "not a safetensors file (corrupt header)"
+    need = 8 + n + max(ends, default=0)
+    return f"truncated: {size} of {need} bytes" if size < need else None
+
+
+def _torch_file_problem(path: Path) -> str | None:
+    if path.stat().st_size == 0:
+        return "empty file"
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its directory is at the end
+        return "truncated or not a torch.save file"
+    return None
+
+
+def _nonempty_problem(path: Path) -> str | None:
+    if not path.is_file():
+        return "missing"
+    return "empty file" if path.stat().st_size == 0 else None
 
 
 def clean_partial(run_dir: Path) -> list[Path]:

@@ -90,7 +90,7 @@ timeout_option = click.option(
 
 # How the model runs and how prompts are formatted: generation and the lm-eval cross-check.
 model_options = options(
-    click.option("--device", default=None, help="cuda / cpu [cuda when available]."),
+    click.option("--device", default=None, help="cpu, cuda, cuda:N or auto [auto: cuda when available]."),
     click.option(
         "--dtype",
         type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
@@ -123,14 +123,23 @@ model_options = options(
 
 def bad_input_errors() -> tuple[type[Exception], ...]:
     """The errors that mean bad input rather than a bug: evaluation input, data rows, data
-    availability, benchmark/dataset specs, experiment grids and model directories (imported lazily)."""
+    availability, benchmark/dataset specs, experiment grids, model directories and devices (imported lazily)."""
     from aggbench.data.jsonl import DataError
     from aggbench.data.sources import DataUnavailableError, SpecError
+    from aggbench.devices import DeviceError
     from aggbench.grid import GridError
     from aggbench.modeldir import ModelDirError
     from aggbench.scoring import EvaluationError
 
-    return (EvaluationError, DataError, DataUnavailableError, SpecError, GridError, ModelDirError)
+    return (
+        EvaluationError,
+        DataError,
+        DataUnavailableError,
+        SpecError,
+        GridError,
+        ModelDirError,
+        DeviceError,
+    )
 
 
 @contextlib.contextmanager

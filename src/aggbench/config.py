@@ -76,7 +76,12 @@ class AlgorithmConfig(_Strict):
     micro_batch_size: int = Field(
         16, ge=1, description="Sequences per forward/backward (gradient accumulation)."
     )
-    clip_low: float = Field(0.2, ge=0, description="PPO clip epsilon below 1.")
+    clip_low: float = Field(
+        0.2,
+        ge=0,
+        lt=1,
+        description="PPO clip epsilon below 1, in [0, 1): the ratio's floor 1 - clip_low stays > 0.",
+    )
     clip_high: float = Field(0.28, ge=0, description="PPO clip epsilon above 1 (DAPO clip-higher).")
     dual_clip: float | None = Field(None, gt=1, description="Dual-clip constant c > 1, or None.")
     kl_coef: float = Field(0.0, ge=0, description="k3 KL to the frozen reference; 0 = no reference model.")
@@ -125,7 +130,8 @@ class CheckpointConfig(_Strict):
         "all", description="Keep model weights of every checkpoint, or only of `eval_steps` and the latest."
     )
     eval_steps: list[int] = Field(
-        default_factory=list, description="Steps whose weights are kept for evaluation."
+        default_factory=list,
+        description="Steps (1..algorithm.total_steps) whose weights are kept for evaluation.",
     )
 
 
@@ -190,6 +196,19 @@ class TrainConfig(_Strict):
             raise ValueError(
                 f"algorithm.mini_batches={a.mini_batches} must divide algorithm.prompts_per_step="
                 f"{a.prompts_per_step} (mini-batches hold whole prompt groups)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _eval_steps_in_run(self) -> TrainConfig:
+        total = self.algorithm.total_steps
+        bad = [s for s in self.checkpoint.eval_steps if not 1 <= s <= total]
+        if bad:
+            keep = sorted({s for s in self.checkpoint.eval_steps if 1 <= s <= total} | {total})
+            raise ValueError(
+                f"checkpoint.eval_steps: {', '.join(map(str, bad))} not in the run's steps 1.."
+                f"{total} (algorithm.total_steps), so no checkpoint of them will exist; remove them "
+                f"(e.g. --set 'checkpoint.eval_steps={keep}') or raise algorithm.total_steps"
             )
         return self
 
@@ -268,7 +287,19 @@ def check_resume(run_dir: str | Path, current: TrainConfig, *, allow_change: boo
     stored = Path(run_dir) / "config.resolved.yaml"
     if allow_change or not stored.exists():
         return
-    previous = yaml.safe_load(stored.read_text()) or {}
+    try:
+        previous = yaml.safe_load(stored.read_text(encoding="utf-8")) or {}
+        cause = "" if isinstance(previous, dict) else "not a mapping"
+    except yaml.YAMLError as exc:
+        cause = f"not valid YAML: {yaml_problem(exc)}"
+    except (OSError, UnicodeDecodeError) as exc:
+        cause = f"{type(exc).__name__}: {exc}"
+    if cause:
+        raise ConfigError(
+            f"{stored} is unreadable ({cause}); it records the config {run_dir} was trained with, "
+            "which a resume is checked against. Fix: if this run's config is unchanged, delete that "
+            "file (train writes it again) or pass --allow-config-change; otherwise train into a new --out"
+        )
     diff = resume_conflicts(previous, current)
     if diff:
         raise ConfigError(
@@ -288,8 +319,14 @@ class ConfigError(ValueError):
 def format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"]
+        if err["type"] == "value_error":  # our own validators: the message names its fields
+            msg = str(err.get("ctx", {}).get("error", msg.removeprefix("Value error, ")))
+            if not loc:
+                lines.append(f"  {msg}")
+                continue
+        loc = loc or "(top level)"
         if err["type"] == "extra_forbidden":
             parent = _model_at(TrainConfig, err["loc"][:-1])
             allowed = ", ".join(parent.model_fields) if parent else "?"
@@ -311,23 +348,98 @@ def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     return model
 
 
+def yaml_problem(exc: yaml.YAMLError, *, lines: bool = True) -> str:
+    """One line from a YAML error: what is wrong and where (``lines=False``: columns only, for a
+    one-line value such as a ``--set``)."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return " ".join(str(exc).split())
+
+    def at(mark: Any) -> str:
+        if mark is None:
+            return ""
+        return (
+            f" (line {mark.line + 1}, column {mark.column + 1})" if lines else f" (column {mark.column + 1})"
+        )
+
+    parts = []
+    if exc.context:
+        parts.append(f"{exc.context}{at(exc.context_mark)}")
+    if exc.problem:
+        parts.append(f"{exc.problem}{at(exc.problem_mark)}")
+    return ": ".join(parts) or " ".join(str(exc).split())
+
+
+# Keys of an experiment (grid) config: a file holding several of them is not one cell's config.
+_GRID_KEYS = ("experiment", "models", "datasets", "aggregations", "seeds", "benchmarks", "evaluation")
+
+
+def _apply_override(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``data[a][b][c] = value`` for ``dotted`` = ``a.b.c`` (as ``--set a.b.c=value``)."""
+    node = data
+    *parents, leaf = dotted.split(".")
+    for i, p in enumerate(parents):
+        where = ".".join(parents[: i + 1])
+        if node.get(p) is None:  # absent from the file: what the config's field is
+            kind = _field_kind(parents[: i + 1])
+            if kind is not None:
+                raise ConfigError(f"--set {dotted}={value}: {where} is {kind}, not a section")
+            node[p] = {}
+        node = node[p]
+        if not isinstance(node, dict):
+            raise ConfigError(
+                f"--set {dotted}={value}: {where} is {_kind(type(node))}, not a section (set {where}=VALUE)"
+            )
+    node[leaf] = value
+
+
+def _field_kind(path: list[str]) -> str | None:
+    """What TrainConfig's field at ``path`` holds when it is not a section (None: a section, a
+    free mapping such as aggregation.params, or no such field: validation names it)."""
+    model = _model_at(TrainConfig, tuple(path[:-1]))
+    field = model.model_fields.get(path[-1]) if model else None
+    if field is None or isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+        return None
+    default = field.get_default(call_default_factory=True)
+    return None if isinstance(default, dict) else _kind(type(default))
+
+
+def _kind(t: type) -> str:
+    if issubclass(t, bool):
+        return "true/false"
+    if issubclass(t, (int, float)):
+        return "a number"
+    if issubclass(t, str):
+        return "a string"
+    if issubclass(t, (list, tuple)):
+        return "a list"
+    return "a value"
+
+
 def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read and validate a cell YAML; raise ConfigError naming every bad field."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory, not a YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({exc})") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    grid_keys = [k for k in _GRID_KEYS if k in data]
+    if len(grid_keys) >= 2 and not {"model", "dataset"} & set(data):
+        raise ConfigError(
+            f"config file {path} is an experiment (grid) config (it has {', '.join(grid_keys)}), not "
+            "one cell's training config. List its cells with `aggbench grid cells --config "
+            f"{path}`, write one cell's config with `aggbench grid cell --config {path} --cell CELL "
+            "--out cell.yaml`, and train that"
+        )
     for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+        _apply_override(data, dotted, value)
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:
@@ -335,4 +447,7 @@ def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None)
 
 
 def dump_config(cfg: TrainConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    """Write ``cfg`` as YAML, atomically (a crash never leaves a truncated file a resume then reads)."""
+    from aggbench.atomic import write_atomic
+
+    write_atomic(path, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

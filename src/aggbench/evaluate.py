@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from aggbench.devices import check_device  # noqa: F401  (crosscheck imports it from here)
 from aggbench.eval_tracking import (  # noqa: F401  (re-exported: callers import them from here)
     eval_metric_values,
     log_eval_metrics,
@@ -95,7 +96,9 @@ class GenerateOptions:
 def resolve_device(device: str | None) -> str:
     import torch
 
-    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device in (None, "", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
@@ -110,13 +113,31 @@ def load_model(checkpoint: str | Path, *, device: str | None = None, dtype: str 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from aggbench.modeldir import loading
+
     device = resolve_device(device)
     log.info("loading model from %s (%s, %s)", checkpoint, device, resolve_dtype(dtype, device))
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     torch_dtype = getattr(torch, resolve_dtype(dtype, device))
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch_dtype).to(device).eval()
+    with loading(checkpoint, what="checkpoint"):  # a truncated or bad file: one line, no traceback
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch_dtype)
+    model = model.to(device).eval()
     MODEL_LOADS += 1
     return model, tokenizer
+
+
+CHECKPOINT_FIX = (
+    "give a save_pretrained model directory: a run's checkpoints/step_N, or one made by "
+    "`aggbench prepare-model NAME --out DIR`"
+)
+
+
+def require_checkpoint(checkpoint: str | Path) -> Path:
+    """``checkpoint`` resolved, if it is a model directory with a readable config.json (else
+    :class:`~aggbench.modeldir.ModelDirError`, one line naming it and the fix)."""
+    from aggbench.modeldir import require_model_dir
+
+    return require_model_dir(Path(checkpoint).resolve(), what="--checkpoint", fix=CHECKPOINT_FIX)
 
 
 def greedy_generate(
@@ -198,9 +219,11 @@ def _make_engine(kind: str, checkpoint: Path, options: GenerateOptions):
     if kind == "vllm":
         from transformers import AutoTokenizer
 
+        from aggbench.modeldir import loading
         from aggbench.rollout.vllm import EVAL_GPU_MEMORY_UTILIZATION
 
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        with loading(checkpoint, what="checkpoint"):
+            tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         try:
             engine = make_engine(
                 "vllm",
@@ -238,9 +261,8 @@ def generate_benchmarks(
     from aggbench.data.benchmarks import load_benchmark, load_benchmark_spec
 
     options = options or GenerateOptions()
-    checkpoint = Path(checkpoint).resolve()
-    if not (checkpoint / "config.json").is_file():
-        raise EvaluationError(f"--checkpoint {checkpoint}: not a model directory (no config.json)")
+    checkpoint = require_checkpoint(checkpoint)
+    check_device(options.device)
     if not benchmarks:
         raise EvaluationError("give at least one benchmark (--benchmarks A,B,...)")
     # Everything that can fail on bad input fails before the (slow) model load.

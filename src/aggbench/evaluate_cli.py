@@ -178,7 +178,7 @@ def score_command(
 def _summary_line(m: dict[str, Any]) -> str:
     n = m["n_samples"]
     text = f"{m['benchmark']}: avg@{n} {m[f'avg@{n}']:.4f} [{m['ci_low']:.4f}, {m['ci_high']:.4f}]"
-    text += f", pass@1 {m['pass@1']:.4f}, pass@{n} {m[f'pass@{n}']:.4f}"
+    text += f", pass@1 {m['pass@1']:.4f}" + (f", pass@{n} {m[f'pass@{n}']:.4f}" if n > 1 else "")
     if f"maj@{n}" in m:
         text += f", maj@{n} {m[f'maj@{n}']:.4f}"
     text += f" ({m['n_problems']} problems)"

@@ -42,7 +42,16 @@ def load_experiment(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise GridError(f"experiment config {path} does not exist")
-    exp = yaml.safe_load(path.read_text()) or {}
+    try:
+        exp = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise GridError(f"experiment config {path} is not UTF-8 text ({exc})") from None
+    except yaml.YAMLError as exc:
+        from aggbench.config import yaml_problem
+
+        raise GridError(f"experiment config {path} is not valid YAML: {yaml_problem(exc)}") from None
+    if not isinstance(exp, dict):
+        raise GridError(f"experiment config {path} must hold a mapping at the top level")
     # A plugin may sit beside its config, as under Snakemake (the Snakefile adds the config's folder).
     validate_experiment(exp, search_paths=[path.resolve().parent])
     return exp
@@ -77,6 +86,53 @@ def fill_defaults(exp: dict) -> dict:
     return exp
 
 
+# Resource keys the workflow itself reads (workflow/rules/common.smk: RESOURCE_FALLBACK); every
+# other key goes to the SLURM executor unchanged, so a misspelling of one of these would silently
+# leave its default (1 CPU, 4000 MB, 60 minutes, no GPU) in force.
+RESOURCE_KEYS = ("cpus", "gpus", "mem_mb", "runtime")
+# Near misses of them; `gpu` and `cpus_per_task` are also the executor's own names, which the
+# workflow sets from `gpus` and `cpus` (a config's value would be overwritten or skip threads:).
+RESOURCE_ALIASES = {
+    "cpu": "cpus",
+    "cpus_per_task": "cpus",
+    "cores": "cpus",
+    "threads": "cpus",
+    "gpu": "gpus",
+    "gpus_per_node": "gpus",
+    "mem": "mem_mb",
+    "memory": "mem_mb",
+    "mem_gb": "mem_mb",
+    "time": "runtime",
+    "walltime": "runtime",
+    "time_min": "runtime",
+}
+
+
+def _resource_problems(exp: dict) -> list[str]:
+    """``resources.<rule>.<key>`` (and per model) whose key is a near miss of a standard key."""
+    import difflib
+
+    sections = [("resources", exp.get("resources") or {})]
+    for name, m in (exp.get("models") or {}).items():
+        sections.append((f"models.{name}.resources", (m or {}).get("resources") or {}))
+    out = []
+    for where, res in sections:
+        for rule, keys in res.items():
+            for key in keys if isinstance(keys, dict) else ():
+                if key in RESOURCE_KEYS:
+                    continue
+                want = RESOURCE_ALIASES.get(key) or next(
+                    iter(difflib.get_close_matches(key, RESOURCE_KEYS, n=1, cutoff=0.8)), None
+                )
+                if want:
+                    out.append(
+                        f"{where}.{rule}.{key}: did you mean {want!r}? The workflow reads "
+                        f"{', '.join(RESOURCE_KEYS)} (mem_mb in MB, runtime in minutes); other keys "
+                        "(slurm_partition, constraint, qos, ...) go to the SLURM executor unchanged"
+                    )
+    return out
+
+
 def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> None:
     """Raise GridError listing every problem, or return None.
 
@@ -89,7 +145,7 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
     from aggbench.aggregation import load_plugins, make_instance
     from aggbench.data import list_benchmarks, load_benchmark_spec, load_training_spec
 
-    problems: list[str] = []
+    problems: list[str] = _resource_problems(exp)
     try:
         load_plugins(exp["plugins"], search_paths=[Path.cwd(), REPO_ROOT, *search_paths])
     except Exception as exc:

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from aggbench.cli_common import click_errors
+
 
 def _load(config: str):
     from aggbench.grid import GridError, load_experiment
@@ -47,9 +49,6 @@ def list_cells(config: str) -> None:
 @click.option("--out", required=True, type=click.Path(dir_okay=False))
 def write_cell(config: str, cid: str, out: str) -> None:
     """Write one cell's resolved training config (the input of `aggbench train`)."""
-    import os
-    from pathlib import Path
-
     from aggbench.config import dump_config
     from aggbench.grid import GridError, cell_train_config
 
@@ -57,22 +56,21 @@ def write_cell(config: str, cid: str, out: str) -> None:
         cfg = cell_train_config(_load(config), cid)
     except GridError as exc:
         raise click.ClickException(str(exc)) from None
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = f"{out}.tmp-{os.getpid()}"
-    dump_config(cfg, tmp)
-    os.replace(tmp, out)
+    dump_config(cfg, out)  # atomically
 
 
 @click.command("prepare-data")
 @click.argument("spec")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Canonical JSONL to write.")
 @click.option("--limit", type=click.IntRange(min=1), default=None)
+@click_errors
 def prepare_data_command(spec: str, out: str, limit: int | None) -> None:
     """Write a training dataset (SPEC: dapo17k, polaris, tiny or a YAML path) as canonical JSONL.
 
     Prompts are written with the dataset's instruction template applied, so the trainer feeds them
     to the chat template as they are. $AGGBENCH_DATA_DIR overrides the hub.
     """
+    import contextlib
     import os
 
     from aggbench.data import load_training_dataset, load_training_spec, write_jsonl
@@ -80,6 +78,12 @@ def prepare_data_command(spec: str, out: str, limit: int | None) -> None:
     s = load_training_spec(spec)
     records = [{**r, "prompt": s.render_prompt(r)} for r in load_training_dataset(s, limit=limit)]
     tmp = f"{out}.tmp-{os.getpid()}"
-    n = write_jsonl(tmp, records)
-    os.replace(tmp, out)
+    try:
+        n = write_jsonl(tmp, records)
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write --out {out}: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
     click.echo(f"{s.name}: {n} records -> {out}")

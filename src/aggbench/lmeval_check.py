@@ -276,10 +276,12 @@ def crosscheck(
     from aggbench.evaluate import (
         EvaluationError,
         GenerateOptions,
+        check_device,
         format_prompts,
         greedy_generate,
         load_model,
         prompt_settings,
+        require_checkpoint,
         resolve_device,
         resolve_dtype,
         write_atomic,
@@ -287,14 +289,17 @@ def crosscheck(
     )
     from aggbench.grading.math import grade_math_batch, grading_options
     from aggbench.grading.pool import GradingPool
+    from aggbench.modeldir import loading
 
-    checkpoint, out_dir = Path(checkpoint).resolve(), Path(out_dir).resolve()
+    checkpoint, out_dir = require_checkpoint(checkpoint), Path(out_dir).resolve()
+    check_device(device)
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     options = GenerateOptions(
         system_prompt=system_prompt, enable_thinking=enable_thinking, chat_template=chat_template
     )
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    with loading(checkpoint, what="checkpoint"):
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     items: dict[str, dict[str, Any]] = {}
     for name in benchmarks:
         spec = load_benchmark_spec(name)

@@ -142,13 +142,10 @@ def summarize(
         by_problem.setdefault(rec[id_key], []).append(rec)
     if not by_problem:
         raise ValueError("summarize needs at least one graded record")
-    sizes = {pid: len(rows) for pid, rows in by_problem.items()}
-    n = min(sizes.values())
-    if max(sizes.values()) != n:
-        odd = [f"{pid!r}: {s}" for pid, s in sizes.items() if s != n][:5]
-        raise ValueError(
-            f"every problem needs the same number of samples; most have {n}, but {', '.join(odd)}"
-        )
+    uneven = uneven_samples({pid: len(rows) for pid, rows in by_problem.items()})
+    if uneven:
+        raise ValueError(uneven)
+    n = len(next(iter(by_problem.values())))
     rows = list(by_problem.values())
     correct = _binary_matrix([[r[correct_key] for r in row] for row in rows])
     has_answers = all(answer_key in r for row in rows for r in row)
@@ -161,6 +158,22 @@ def summarize(
         out[metric] = float(per_problem.mean())
         out[f"{metric}_ci"] = list(bootstrap_ci(per_problem, n_boot=n_boot, alpha=alpha, seed=seed))
     return out
+
+
+def uneven_samples(sizes: Mapping[Hashable, int], *, show: int = 5) -> str | None:
+    """Why ``sizes`` (problem -> its number of samples) cannot be scored, or None when every
+    problem has the same count. The message gives the most common count and the problems that
+    differ from it (the first ``show``)."""
+    counts = Counter(sizes.values())
+    if len(counts) <= 1:
+        return None
+    usual = max(counts, key=lambda c: (counts[c], c))  # the most common count (ties: the larger)
+    odd = [f"{pid!r}: {s}" for pid, s in sizes.items() if s != usual]
+    more = f" and {len(odd) - show} more" if len(odd) > show else ""
+    return (
+        f"every problem needs the same number of samples; {counts[usual]} of {len(sizes)} problems "
+        f"have {usual}, but {', '.join(odd[:show])}{more}"
+    )
 
 
 def _per_problem(

@@ -51,6 +51,7 @@ from aggbench.checkpoint import (
     RunLock,
     RunLockedError,
     checkpoint_dir,
+    reading,
     save_checkpoint,
 )
 from aggbench.config import ConfigError, TrainConfig
@@ -389,10 +390,12 @@ def load(
     """Restore optimizer (and, under FSDP, model shards) and RNG from ``step_N``; returns its state.
 
     The checkpoint must come from the same number of processes and strategy (its shards and the
-    split of prompts over ranks depend on them); anything else is an error that says so.
+    split of prompts over ranks depend on them); anything else is an error that says so. A file
+    that does not read is a ``CheckpointError`` naming it (every rank reads, so every rank fails).
     """
     where = checkpoint_dir(out, step)
-    state = torch.load(where / STATE_FILE, weights_only=False)
+    with reading(out, step, where / STATE_FILE):
+        state = torch.load(where / STATE_FILE, weights_only=False)
     was = state.get("distributed", {"world_size": 1, "strategy": "none"})
     if (was["world_size"], was["strategy"]) != (ranks.world, ranks.strategy):
         raise ConfigError(
@@ -406,7 +409,8 @@ def load(
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         msd, osd = get_state_dict(model, optimizer)
-        dcp.load({"model": msd, "optim": osd}, checkpoint_id=where / SHARDED_DIR)
+        with reading(out, step, where / SHARDED_DIR):
+            dcp.load({"model": msd, "optim": osd}, checkpoint_id=where / SHARDED_DIR)
         set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd)
     else:
         optimizer.load_state_dict(state["optimizer"])

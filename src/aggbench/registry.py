@@ -12,6 +12,7 @@ import difflib
 import importlib
 import importlib.util
 import sys
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -114,7 +115,11 @@ def load_plugins(modules: Iterable[str], *, search_paths: Iterable[str | Path] =
             assert module_spec is not None and module_spec.loader is not None
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[name] = module
-            module_spec.loader.exec_module(module)
+            try:
+                module_spec.loader.exec_module(module)
+            except Exception as exc:
+                sys.modules.pop(name, None)
+                raise _import_failed(spec, exc) from exc
             loaded.append(name)
             continue
         try:
@@ -126,6 +131,36 @@ def load_plugins(modules: Iterable[str], *, search_paths: Iterable[str | Path] =
                     "give a dotted module path importable from the working directory, a path to a .py "
                     "file, or add its folder to PYTHONPATH"
                 ) from exc
-            raise
+            raise _import_failed(spec, exc) from exc
+        except Exception as exc:
+            raise _import_failed(spec, exc) from exc
         loaded.append(spec)
     return loaded
+
+
+def _import_failed(spec: str, exc: Exception) -> RegistryError:
+    """``plugin X failed to import: ModuleNotFoundError: No module named 'y' (x.py:1)``: the error
+    and where it happened (the innermost frame outside importlib), without the traceback. A
+    RegistryError the plugin itself raised (a taken rule name) keeps its own message."""
+    if isinstance(exc, RegistryError):
+        return RegistryError(f"plugin {spec}: {exc}")
+    where = ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        where = f"{_short(exc.filename)}:{exc.lineno}"
+        detail = f"{exc.msg}"
+    else:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
+        if frames:
+            where = f"{_short(frames[-1].filename)}:{frames[-1].lineno}"
+        detail = str(exc)
+    return RegistryError(
+        f"plugin {spec} failed to import: {type(exc).__name__}: {detail}" + (f" ({where})" if where else "")
+    )
+
+
+def _short(filename: str) -> str:
+    """``filename`` relative to the working directory when under it, else as it is."""
+    try:
+        return str(Path(filename).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return filename

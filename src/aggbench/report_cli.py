@@ -34,6 +34,16 @@ def _load(config: Path) -> dict:
         return load_experiment(config)
 
 
+def _metric(value: str) -> str:
+    """--metric checked as click parses it: a typo fails before the config or MLflow is read."""
+    from aggbench.report_collect import check_metric_name
+
+    try:
+        return check_metric_name(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 _config = click.option(
     "--config",
     "config",
@@ -75,6 +85,7 @@ def ingest_command(config: Path, cell_ids: tuple[str, ...], quiet: bool) -> None
     "--metric",
     default="avg@n",
     show_default=True,
+    callback=lambda ctx, param, value: _metric(value),
     help="Tabulated metric: avg@n, maj@n, pass@n (n = the benchmark's samples) or e.g. pass@1.",
 )
 @click.option(

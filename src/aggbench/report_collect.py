@@ -7,6 +7,7 @@ holds them for the tables (``aggbench.report``) and the plots (``aggbench.plots`
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,6 +98,20 @@ def _steps(steps: Iterable[int]) -> str:
     return ", ".join(map(str, steps)) or "none"
 
 
+_REPORT_METRIC = re.compile(r"^(avg|pass|maj)@(n|[1-9][0-9]*)$")
+
+
+def check_metric_name(metric: str) -> str:
+    """``metric`` if ``report --metric`` can tabulate it (avg@n, maj@n, pass@n, or one of them with
+    a number k: pass@1, avg@4); else ValueError listing the valid forms."""
+    if not _REPORT_METRIC.match(metric):
+        raise ValueError(
+            f"unknown metric {metric!r}; use avg@n, maj@n or pass@n (n = the benchmark's samples per "
+            "problem), or avg@K, maj@K, pass@K with a number K (e.g. pass@1)"
+        )
+    return metric
+
+
 def metric_name(benchmark: str, metric: str, exp: dict) -> str:
     """``avg@n``, ``maj@n``, ``pass@n`` with n = the benchmark's samples per problem (the grid's
     ``evaluation.n``, else the benchmark's own); any other name (``pass@1``) as it is."""
@@ -130,6 +145,7 @@ def collect(
 ) -> Collected:
     """Read every cell's and base model's metrics (through ``metric_history``) from MLflow."""
     benchmarks = list(exp["benchmarks"])
+    check_metric_name(metric)
     keys = {b: metric_key(b, metric, exp) for b in benchmarks}
     runs, _ = find_runs(client, exp["experiment"])
     _check_metric(keys, runs.values())

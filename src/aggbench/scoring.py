@@ -10,6 +10,7 @@ import json
 import re
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,11 @@ def write_json(path: str | Path, obj: Any) -> Path:
 
 def read_jsonl(path: str | Path, *, required: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Rows of a JSONL file; each must be an object holding ``required`` (errors name file:line)."""
+    return [row for _, row in read_numbered(path, required=required)]
+
+
+def read_numbered(path: str | Path, *, required: Sequence[str] = ()) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, row)`` of every row of a JSONL file (see :func:`read_jsonl`)."""
     from aggbench.data.jsonl import iter_jsonl  # lazy: the aggbench.data package imports pydantic
 
     path = Path(path)
@@ -44,7 +50,7 @@ def read_jsonl(path: str | Path, *, required: Sequence[str] = ()) -> list[dict[s
         for key in required:
             if key not in row:
                 raise EvaluationError(f"{path}:{lineno}: field {key!r} is missing")
-        rows.append(row)
+        rows.append((lineno, row))
     if not rows:
         raise EvaluationError(f"{path}: no samples in the file")
     return rows
@@ -105,17 +111,19 @@ def _grade_tiny(response: str, answer: str) -> dict[str, Any]:
 
 def _grade_math(rows: Sequence[Mapping[str, Any]], pool: Any) -> list[dict[str, Any]]:
     from aggbench.grading.batch import grade_math_rows
-    from aggbench.grading.math import grading_options
+    from aggbench.grading.rows import math_options
 
-    options = [grading_options(r.get("grading")) for r in rows]
+    options = [math_options(r) for r in rows]
     return [v.to_dict() for v in grade_math_rows(rows, pool, options)]
 
 
 def _grade_code(rows: Sequence[Mapping[str, Any]], pool: Any, per_test: float) -> list[dict[str, Any]]:
     from aggbench.grading.batch import grade_code_rows
+    from aggbench.grading.rows import decode_tests
 
+    coded = [{**r, "tests": decode_tests(r)} for r in rows]  # a JSON string (LiveCodeBench) -> list
     out = []
-    for res in grade_code_rows(rows, pool, per_test):
+    for res in grade_code_rows(coded, pool, per_test):
         tests = res.get("tests") or []
         failed = next((t for t in tests if not t.get("passed")), None)
         kind = failed["error_kind"] if failed else None
@@ -228,14 +236,9 @@ def score_benchmark(
     need = {"code": ("id", "response", "tests"), "evalplus": ("id", "response", "evalplus_dataset")}.get(
         grader, ("id", "response", "answer")
     )
-    rows = read_jsonl(samples_path, required=need)
-    for lineno, r in enumerate(rows, 1):
-        if r.get("benchmark", spec.name) != spec.name:
-            raise EvaluationError(
-                f"{samples_path}: sample {lineno} is from benchmark {r['benchmark']!r}, not {spec.name!r}"
-            )
-        if not isinstance(r["response"], str):
-            raise EvaluationError(f"{samples_path}: sample {lineno}: field 'response' must be a string")
+    numbered = read_numbered(samples_path, required=need)
+    check_samples(samples_path, numbered, spec.name, grader)
+    rows = [r for _, r in numbered]
     t0 = time.perf_counter()
     verdicts = grade_rows(grader, rows, workers=workers, timeout_s=timeout_s, progress=progress)
     graded = []
@@ -244,7 +247,7 @@ def score_benchmark(
         graded.append({**base, **{k: val for k, val in v.items() if k != "layers"}})
     try:
         metrics = compute_metrics(graded, grader=grader, spec_metrics=spec.metrics, n_boot=n_boot)
-    except ValueError as exc:  # e.g. problems with different sample counts
+    except ValueError as exc:  # the grader contradicts itself (one answer both right and wrong)
         raise EvaluationError(f"{samples_path}: {exc}") from exc
     metrics = {
         "benchmark": spec.name,
@@ -262,6 +265,34 @@ def score_benchmark(
     write_jsonl(out_path, graded)
     write_json(metrics_path(out_path), metrics)
     return metrics
+
+
+def check_samples(
+    path: str | Path, numbered: Sequence[tuple[int, Mapping[str, Any]]], benchmark: str, grader: str
+) -> None:
+    """Everything about the samples that can be wrong, checked before any grading: each row is
+    from ``benchmark`` and passes the grader's row check (the one ``aggbench grade`` runs:
+    :func:`aggbench.grading.rows.check_row`), ids are strings or integers, and every problem has
+    the same number of samples."""
+    from aggbench.grading.rows import check_row
+    from aggbench.metrics import uneven_samples
+
+    for lineno, r in numbered:
+        if r.get("benchmark", benchmark) != benchmark:
+            raise EvaluationError(
+                f"{path}:{lineno}: the sample is from benchmark {r['benchmark']!r}, not {benchmark!r}"
+            )
+        if not isinstance(r["id"], str | int) or isinstance(r["id"], bool):
+            raise EvaluationError(
+                f"{path}:{lineno}: field 'id': expected a string or an integer, got {r['id']!r:.80}"
+            )
+        check_row(path, lineno, r, grader)
+    uneven = uneven_samples(Counter(r["id"] for _, r in numbered))
+    if uneven:
+        raise EvaluationError(
+            f"{path}: {uneven}; regenerate them with `aggbench generate` "
+            "(one run writes n samples for every problem)"
+        )
 
 
 def metrics_path(eval_path: str | Path) -> Path:

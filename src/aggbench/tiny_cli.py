@@ -107,6 +107,35 @@ def _download(name: str, revision: str | None, into: Path) -> None:
         ) from err
 
 
+def _check_name(name: str) -> None:
+    """NAME must be 'tiny', a model directory (holding config.json), or a well-formed hub id;
+    anything else fails here, before any download or copy."""
+    if name == TINY:
+        return
+    if Path(name).exists():
+        from aggbench.modeldir import ModelDirError, require_model_dir
+
+        try:
+            require_model_dir(
+                name,
+                what="NAME",
+                fix="a local NAME must be a model directory in save_pretrained format (config.json, "
+                "weights, tokenizer files), e.g. a `hf download ... --local-dir` folder",
+            )
+        except ModelDirError as exc:
+            raise click.ClickException(str(exc)) from None
+        return
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise click.ClickException(
+            f"NAME {name!r} is not 'tiny', not an existing directory, and not a valid hub id "
+            "(MODEL or ORG/MODEL of letters, digits, '-', '_', '.'); check the path or the model id"
+        ) from None
+
+
 def prepare_model(
     name: str,
     out_dir: Path,
@@ -131,6 +160,7 @@ def prepare_model(
         if not quiet:
             click.echo(f"{out_dir} already prepared ({MARKER} matches); nothing to do")
         return out_dir
+    _check_name(name)
 
     tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
     if tmp.exists():

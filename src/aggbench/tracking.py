@@ -23,6 +23,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from aggbench.atomic import write_atomic
+
 SENTINEL = "train/step"
 
 
@@ -156,10 +158,9 @@ class MlflowRun:
 
     def _find_or_create(self) -> str:
         marker = None if self.run_dir is None else self.run_dir / "mlflow_run.json"
-        if marker is not None and marker.exists():
-            saved = json.loads(marker.read_text())
-            if saved.get("tracking_uri") == self.uri:
-                return saved["run_id"]
+        saved = _read_marker(marker) if marker is not None else None
+        if saved is not None and saved.get("tracking_uri") == self.uri:
+            return saved["run_id"]
         found = self.client.search_runs(
             [self.experiment_id], filter_string=f"tags.`aggbench.cell_id` = '{self.cell_id}'", max_results=5
         )
@@ -170,9 +171,8 @@ class MlflowRun:
                 self.experiment_id, run_name=self.cell_id, tags={"aggbench.cell_id": self.cell_id}
             )
             run_id = run.info.run_id
-        if marker is not None:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text(json.dumps({"tracking_uri": self.uri, "run_id": run_id}))
+        if marker is not None:  # atomic: a crash never leaves a torn marker
+            write_atomic(marker, json.dumps({"tracking_uri": self.uri, "run_id": run_id}))
         return run_id
 
     def set_tags(self, tags: dict[str, Any]) -> None:
@@ -218,6 +218,17 @@ class MlflowRun:
 
     def set_terminated(self, status: str = "FINISHED") -> None:
         _retry(self.client.set_terminated, self.run_id, status)
+
+
+def _read_marker(path: Path) -> dict[str, Any] | None:
+    """``mlflow_run.json``, or None when absent or unreadable (e.g. torn by a crash before writes were
+    atomic): it is a cache, so the run is then found by its tag and the marker written again."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(saved, dict) and isinstance(saved.get("run_id"), str)
+    return saved if ok else None
 
 
 def metric_history(client: Any, run_id: str, key: str) -> dict[int, float]:

@@ -39,14 +39,15 @@ from typing import Any
 
 import torch
 
-from aggbench import batching, parallel
+from aggbench import batching, checkpoint, parallel
 from aggbench.advantages import get_advantage
 from aggbench.aggregation import load_plugins, make_instance
 from aggbench.aggregation.diagnostics import diagnostics
-from aggbench.checkpoint import apply_retention, clean_partial, latest_resumable
+from aggbench.atomic import atomic_writer
 from aggbench.config import TrainConfig, check_resume, dump_config
 from aggbench.data.training import read_training_records
 from aggbench.distributed import gather_minibatch
+from aggbench.modeldir import loading
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_tags
 from aggbench.update import LossSettings, accumulate_gradients, fixed_logprobs, minibatch_weights
 
@@ -91,21 +92,44 @@ def train(
     Under torchrun every rank calls this (design decision 7). A run directory is one experiment:
     resuming it with a config that changes training is refused (``config.check_resume``).
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if latest_resumable(out):  # every rank checks, before anything is written
+    out, a = Path(out_dir), cfg.algorithm
+    # bad input fails here, on every rank, before the run directory, its lock or a model exist
+    resolved = _resolve(cfg)
+    start = checkpoint.latest_resumable(out) or 0
+    if start:
         check_resume(out, cfg, allow_change=allow_config_change)
+    last = min(until_step or a.total_steps, a.total_steps)
+    records = _check_inputs(cfg, start) if start < last else None
     ranks = parallel.setup(cfg)
     try:
-        with parallel.run_lock(out, ranks):
-            return _train_locked(cfg, out, until_step, quiet or not ranks.main, ranks)
+        with parallel.run_lock(out, ranks):  # creates the run directory
+            return _train_locked(cfg, out, last, quiet or not ranks.main, ranks, (*resolved, records))
     finally:
         parallel.teardown(ranks)
 
 
-def _train_locked(
-    cfg: TrainConfig, out: Path, until_step: int | None, quiet: bool, ranks: parallel.Ranks
-) -> dict:
+def _resolve(cfg: TrainConfig) -> tuple[list[Path], Any, Any]:
+    """(plugin files, aggregation rule instance, advantage estimator): registry errors come first."""
+    loaded = load_plugins(cfg.plugins, search_paths=[Path.cwd()])
+    # the plugin's source is hashed into the run's tags, so a changed rule is visible in MLflow
+    plugin_files = [Path(f) for m in loaded if (f := getattr(sys.modules.get(m), "__file__", None))]
+    rule = make_instance(cfg.aggregation.name, cfg.aggregation.rule, cfg.aggregation.params or None)
+    if rule.rule == "constant" and rule.params.get("max_length") is None:
+        rule = make_instance(rule.name, rule.rule, {**rule.params, "max_length": cfg.sampling.max_new_tokens})
+    return plugin_files, rule, get_advantage(cfg.advantage.estimator)
+
+
+def _check_inputs(cfg: TrainConfig, start: int) -> list[dict]:
+    """The training records, and model.path where a model loads from it (the policy of a fresh run,
+    the KL reference): DataError / ModelDirError naming the file and the fix."""
+    records = read_training_records(cfg.dataset.path, name=cfg.dataset.name)
+    if not start or cfg.algorithm.kl_coef > 0:
+        fix = f"run `aggbench prepare-model NAME --out {cfg.model.path}` (NAME: tiny, hub id or directory)"
+        checkpoint.require_weights(cfg.model.path, what="model.path", fix=fix)
+    return records
+
+
+def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: parallel.Ranks, prep) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from aggbench.rewards import RewardFn
@@ -114,14 +138,7 @@ def _train_locked(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     a, s = cfg.algorithm, cfg.sampling
-    last = min(until_step or a.total_steps, a.total_steps)
-    loaded = load_plugins(cfg.plugins, search_paths=[Path.cwd()])
-    # the plugin's source is hashed into the run's tags, so a changed rule is visible in MLflow
-    plugin_files = [Path(f) for m in loaded if (f := getattr(sys.modules.get(m), "__file__", None))]
-    rule = make_instance(cfg.aggregation.name, cfg.aggregation.rule, cfg.aggregation.params or None)
-    if rule.rule == "constant" and rule.params.get("max_length") is None:
-        rule = make_instance(rule.name, rule.rule, {**rule.params, "max_length": s.max_new_tokens})
-    estimator = get_advantage(cfg.advantage.estimator)
+    plugin_files, rule, estimator, records = prep
     adv_kwargs = (
         {"std": cfg.advantage.std, "eps": cfg.advantage.eps} if cfg.advantage.estimator == "grpo" else {}
     )
@@ -129,24 +146,25 @@ def _train_locked(
     main = ranks.main
     if main:
         dump_config(cfg, out / "config.resolved.yaml")
-        clean_partial(out)
+        checkpoint.clean_partial(out)
     ranks.barrier()
 
     # ---- resume point: the latest complete checkpoint with trainer state
-    start = latest_resumable(out) or 0
+    start = checkpoint.latest_resumable(out) or 0
     if start >= last:
         log.info("%s: already at step %d (asked for %d); nothing to do", cfg.resolved_cell_id, start, last)
         return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": start}
-    records = read_training_records(cfg.dataset.path)  # a bad file fails before a model loads
-    model_dir = out / "checkpoints" / f"step_{start}" if start else Path(cfg.model.path)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    records = records if records is not None else _check_inputs(cfg, start)  # (another job ran)
+    with checkpoint.opening(out, start, cfg.model.path) as model_dir:  # step_N, or model.path
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model = parallel.prepare_model(model, ranks, cfg, device)  # this device; FSDP: sharded
     model.train()
     ref_model = None
     if a.kl_coef > 0:
-        ref_model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).requires_grad_(False)
-        ref_model = parallel.prepare_model(ref_model, ranks, cfg, device, trainable=False).eval()
+        with loading(cfg.model.path, what="model.path"):
+            ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).requires_grad_(False)
+        ref_model = parallel.prepare_model(ref, ranks, cfg, device, trainable=False).eval()
     optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=a.betas, weight_decay=a.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda k: min(1.0, (k + 1) / a.warmup_steps) if a.warmup_steps else 1.0
@@ -252,7 +270,9 @@ def _train_locked(
                 at_step = functools.partial(fault, step=step)
                 parallel.save(out, step, model, tokenizer, optimizer, state, ranks, fault=at_step)
                 if main:
-                    apply_retention(out, step, cfg.checkpoint.keep_weights, cfg.checkpoint.eval_steps)
+                    checkpoint.apply_retention(
+                        out, step, cfg.checkpoint.keep_weights, cfg.checkpoint.eval_steps
+                    )
                 if tracker is not None:
                     tracker.sync(metrics_log.read(), upto=step)
             if main:
@@ -466,9 +486,7 @@ def _save_rollouts(out: Path, step: int, parts, n: int) -> None:
     if n <= 0:
         return
     rows = sorted((row for p in parts for row in p[3]), key=lambda row: row["group"])[:n]
-    d = out / "rollouts"
-    d.mkdir(exist_ok=True)
-    with open(d / f"step_{step}.jsonl", "w") as fh:
+    with atomic_writer(out / "rollouts" / f"step_{step}.jsonl") as fh:  # whole or the old file
         fh.writelines(json.dumps(row) + "\n" for row in rows)
 
 

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 import click
 import yaml
 
+if TYPE_CHECKING:
+    from aggbench.config import TrainConfig
+
 
 def _parse_set(values: tuple[str, ...]) -> dict:
+    from aggbench.config import yaml_problem
+
     out = {}
     for item in values:
         key, sep, raw = item.partition("=")
@@ -17,8 +23,34 @@ def _parse_set(values: tuple[str, ...]) -> dict:
             raise click.BadParameter(
                 f"{item!r}: expected KEY=VALUE (e.g. algorithm.total_steps=4)", param_hint="--set"
             )
-        out[key] = yaml.safe_load(raw)
+        try:
+            out[key] = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise click.BadParameter(
+                f"{item}: value is not valid YAML ({yaml_problem(exc, lines=False)}); quote a string "
+                "value, e.g. --set 'model.system_prompt=\"...\"'",
+                param_hint="--set",
+            ) from None
     return out
+
+
+def _check_runnable(cfg: TrainConfig) -> None:
+    """What this machine must have for ``cfg``, checked before anything loads: its device, and vLLM
+    for ``rollout.engine: vllm``. Raises ConfigError naming the setting and the fix."""
+    import importlib.util
+
+    from aggbench.config import ConfigError
+    from aggbench.devices import check_device
+
+    check_device(cfg.device, "device")
+    if (
+        cfg.rollout.engine == "vllm"
+        and "vllm" not in sys.modules
+        and importlib.util.find_spec("vllm") is None
+    ):
+        from aggbench.rollout.vllm import GPU_EXTRA_HINT
+
+        raise ConfigError(f"rollout.engine=vllm, but vLLM is not installed: {GPU_EXTRA_HINT}")
 
 
 @click.command("train")
@@ -46,8 +78,8 @@ def command(
 ) -> None:
     """Train one cell into OUT, resuming from its latest complete checkpoint."""
     from aggbench.checkpoint import RunLockedError
+    from aggbench.cli_common import bad_input_errors
     from aggbench.config import ConfigError, load_train_config
-    from aggbench.data.jsonl import DataError
     from aggbench.registry import RegistryError
     from aggbench.train import train
 
@@ -59,6 +91,7 @@ def command(
         hf_logging.disable_progress_bar()
     try:
         cfg = load_train_config(config_path, _parse_set(overrides))
+        _check_runnable(cfg)
         summary = train(
             cfg,
             out_dir,
@@ -66,6 +99,14 @@ def command(
             quiet=quiet,
             allow_config_change=allow_config_change,
         )
-    except (ConfigError, DataError, RegistryError, RunLockedError) as exc:
+    except (ConfigError, RegistryError, RunLockedError, *bad_input_errors()) as exc:
         raise click.ClickException(str(exc)) from None
+    except ImportError as exc:  # vLLM installed but does not import: say what to install, and why
+        from aggbench.rollout.vllm import GPU_EXTRA_HINT
+
+        if str(exc) != GPU_EXTRA_HINT:
+            raise
+        raise click.ClickException(
+            f"rollout.engine=vllm: {exc} (import failed: {exc.__cause__ or 'unknown'})"
+        ) from None
     click.echo(f"{summary['cell_id']}: steps {summary['start_step']} -> {summary['end_step']}")

@@ -32,23 +32,48 @@ _MISSING = object()
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, object)`` for every non-blank line of a JSONL file (1-based numbers).
 
-    Raises :class:`DataError` naming the file and line for invalid JSON or a line that is not a
-    JSON object.
+    Raises :class:`DataError` naming the file and line for bytes that are not UTF-8, invalid JSON
+    or a line that is not a JSON object.
     """
     path = Path(path)
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
+    lineno = 0
+    try:
+        with path.open(encoding="utf-8") as handle:
+            for lineno, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(
+                        path, lineno, None, f"invalid JSON ({exc.msg} at column {exc.colno})"
+                    ) from exc
+                if not isinstance(obj, dict):
+                    raise DataError(path, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
+                yield lineno, obj
+    except UnicodeDecodeError as exc:  # the text reader decodes ahead: find the line in the bytes
+        raise _not_utf8(path, lineno + 1) from exc
+
+
+def _not_utf8(path: Path, first: int) -> DataError:
+    """The error for the first line from ``first`` on (1-based) that is not UTF-8."""
+    with path.open("rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            if lineno < first:
                 continue
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    path, lineno, None, f"invalid JSON ({exc.msg} at column {exc.colno})"
-                ) from exc
-            if not isinstance(obj, dict):
-                raise DataError(path, lineno, None, f"expected a JSON object, got {type(obj).__name__}")
-            yield lineno, obj
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                byte = raw[exc.start : exc.start + 1].hex()
+                hint = "; it looks like UTF-16" if raw.startswith((b"\xff\xfe", b"\xfe\xff")) else ""
+                return DataError(
+                    path,
+                    lineno,
+                    None,
+                    f"not UTF-8 text (byte 0x{byte} at byte {exc.start + 1} of the line{hint}); "
+                    "save the file as UTF-8",
+                )
+    return DataError(path, None, None, "not UTF-8 text; save the file as UTF-8")
 
 
 def write_jsonl(path: str | Path, records: Iterable[Mapping[str, Any]]) -> int:

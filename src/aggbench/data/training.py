@@ -15,6 +15,7 @@ Sources, as for benchmarks: ``$AGGBENCH_DATA_DIR/<offline_file>`` first, else th
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from pathlib import Path
@@ -174,13 +175,41 @@ __all__ = [
 ]
 
 
-def read_training_records(path: str | Path) -> list[dict[str, Any]]:
+def read_training_records(path: str | Path, *, name: str | None = None) -> list[dict[str, Any]]:
     """The canonical training JSONL that ``prepare-data`` wrote ({id, prompt, answer} per line),
-    as the trainer reads it; a bad line raises :class:`DataError` naming the file, line and field."""
+    as the trainer reads it. Checked whole before a model loads: a missing or empty file, or a line
+    whose prompt is not text or whose answer is missing, null or not text, raises
+    :class:`DataError` naming the file, line and field. ``name``: the dataset, for the fix."""
+    p = Path(path)
+    fix = f"write it with `aggbench prepare-data {name or 'NAME'} --out {p}`, or correct dataset.path"
+    if not p.exists():
+        raise DataError(p, None, None, f"does not exist (dataset.path); {fix}")
+    if not p.is_file():
+        raise DataError(p, None, None, f"is not a file (dataset.path); {fix}")
     records = []
-    for line, row in iter_jsonl(path):
+    for line, row in iter_jsonl(p):
         for key in ("prompt", "answer"):
-            if key not in row:
-                raise DataError(path, line, key, "missing (canonical records have id, prompt, answer)")
+            why = _canonical_problem(row.get(key), key in row, list_ok=key == "answer")
+            if why:
+                raise DataError(p, line, key, why)
         records.append(row)
+    if not records:
+        raise DataError(p, None, None, f"no records (the trainer needs at least one prompt); {fix}")
     return records
+
+
+def _canonical_problem(value: Any, present: bool, *, list_ok: bool) -> str | None:
+    """Why a prompt (text) or an answer (text, or a list of accepted texts) cannot be used, or None."""
+    if not present:
+        return "missing (canonical records have id, prompt, answer)"
+    if value is None:
+        return "is null"
+    if list_ok and isinstance(value, list):
+        if not value:
+            return "is an empty list"
+        bad = next((v for v in value if not isinstance(v, str) or not v.strip()), None)
+        return None if bad is None else f"expected a list of non-empty strings, holds {bad!r}"
+    if not isinstance(value, str):
+        kind = "a string or a list of strings" if list_ok else "a string"
+        return f"expected {kind}, got {type(value).__name__} {json.dumps(value)[:40]}"
+    return "is empty" if not value.strip() else None

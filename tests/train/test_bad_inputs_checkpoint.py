@@ -1,0 +1,226 @@
+"""A damaged file in the checkpoint being resumed (empty, truncated or overwritten trainer state,
+model weights or FSDP shards) is one error naming the file and the fix: delete that step_N (and
+resume from an earlier checkpoint, or start again) or train into a new --out. torch's EOFError for
+an empty file never reaches click, which reads it as Ctrl-D and prints only 'Aborted!'. A torn
+MLflow marker (``mlflow_run.json``) is ignored and written again, whole."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aggbench import parallel
+from aggbench.checkpoint import (
+    COMPLETE,
+    SHARDED_DIR,
+    STATE_FILE,
+    CheckpointError,
+    check_readable,
+    checkpoint_dir,
+    reading,
+)
+from aggbench.config import load_train_config
+from aggbench.train import train
+from trainer_support import write_cell
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_train_data) -> tuple[Path, Path]:
+    """(cell YAML, run directory) of a 2-step cell trained to its step-1 checkpoint."""
+    from aggbench.tiny import tiny_model_for_tests
+
+    root = tmp_path_factory.mktemp("trained")
+    model = tiny_model_for_tests(root)
+    cell = write_cell(root / "cell.yaml", model, tiny_train_data, steps=2, every=1)
+    run = root / "run"
+    train(_cfg(cell), run, until_step=1, quiet=True)
+    assert (checkpoint_dir(run, 1) / STATE_FILE).is_file()
+    return cell, run
+
+
+def _cfg(cell: Path):
+    return load_train_config(cell, {"tracking.enabled": False})
+
+
+def _damage(path: Path, how: str) -> None:
+    if how == "empty":
+        path.write_bytes(b"")
+    elif how == "truncated":
+        with open(path, "r+b") as fh:
+            fh.truncate(path.stat().st_size // 2)
+    else:  # overwritten at the start
+        with open(path, "r+b") as fh:
+            fh.write(b"x" * 64)
+
+
+@pytest.mark.parametrize(
+    ("name", "how"),
+    [
+        (STATE_FILE, "empty"),
+        (STATE_FILE, "truncated"),
+        (STATE_FILE, "overwritten"),
+        ("model.safetensors", "empty"),
+        ("model.safetensors", "truncated"),
+        ("model.safetensors", "overwritten"),
+    ],
+)
+def test_a_damaged_checkpoint_file_is_named_with_the_fix(tmp_path, trained, name, how):
+    cell, src = trained
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    step_dir = checkpoint_dir(run, 1)
+    _damage(step_dir / name, how)
+    with pytest.raises(CheckpointError) as err:
+        train(_cfg(cell), run, quiet=True)
+    msg = str(err.value)
+    assert msg.startswith(f"{step_dir / name} is unreadable ("), msg
+    assert msg.endswith(f"; delete {step_dir} to start again from step 0, or train into a new --out")
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1  # nothing lost
+
+
+def test_a_resume_needs_model_path_only_for_the_kl_reference(tmp_path, trained):
+    from aggbench.modeldir import ModelDirError
+
+    cell, src = trained
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    gone = tmp_path / "moved-model"
+    kl = load_train_config(
+        cell, {"tracking.enabled": False, "model.path": str(gone), "algorithm.kl_coef": 0.1}
+    )
+    with pytest.raises(
+        ModelDirError, match=f"^model.path {gone} does not exist; run `aggbench prepare-model"
+    ):
+        train(kl, run, quiet=True, allow_config_change=True)
+    moved = load_train_config(cell, {"tracking.enabled": False, "model.path": str(gone)})
+    assert train(moved, run, quiet=True)["end_step"] == 2  # the policy comes from step_1
+
+
+def test_the_trainer_state_is_read_through_the_error_translation(tmp_path):
+    """Past the cheap checks (a file damaged inside its zip), torch's own error is translated too:
+    an empty pickle's EOFError must not escape (click would print only 'Aborted!')."""
+    run = tmp_path / "run"
+    d = checkpoint_dir(run, 3)
+    d.mkdir(parents=True)
+    (d / STATE_FILE).write_bytes(b"")
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    with pytest.raises(
+        CheckpointError, match=r"trainer_state\.pt is unreadable \(EOFError: Ran out of input\)"
+    ):
+        parallel.load(run, 3, model, optimizer, parallel.Ranks())
+
+
+def test_the_fix_names_an_earlier_resumable_checkpoint(tmp_path):
+    from safetensors.torch import save_file
+
+    run = tmp_path / "run"
+    for step in (1, 2):
+        d = checkpoint_dir(run, step)
+        d.mkdir(parents=True)
+        (d / COMPLETE).write_text(f"{step}\n")
+        save_file({"w": torch.zeros(3)}, str(d / "model.safetensors"))
+        torch.save({"step": step}, d / STATE_FILE)
+    check_readable(run, 2)  # intact
+    (checkpoint_dir(run, 2) / STATE_FILE).write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"delete .*step_2 to resume from step 1, or train into a new"):
+        check_readable(run, 2)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_damaged_fsdp_shards_are_named(tmp_path):
+    """The sharded path (torch.distributed.checkpoint, one process here): an empty .metadata is
+    caught by the cheap checks, a truncated shard by the translation of dcp.load's error."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+
+    run = tmp_path / "run"
+    d = checkpoint_dir(run, 1)
+    d.mkdir(parents=True)
+    save_file({"w": torch.zeros(3)}, str(d / "model.safetensors"))
+    torch.save({"step": 1}, d / STATE_FILE)
+    dcp.save({"w": torch.ones(4)}, checkpoint_id=d / SHARDED_DIR)
+    check_readable(run, 1)
+    (shard,) = (d / SHARDED_DIR).glob("*.distcp")
+    _damage(shard, "truncated")
+    with (
+        pytest.raises(CheckpointError, match=r"sharded is unreadable \(RuntimeError: PytorchStreamReader"),
+        reading(run, 1, d / SHARDED_DIR),
+    ):
+        dcp.load({"w": torch.zeros(4)}, checkpoint_id=d / SHARDED_DIR)
+    (d / SHARDED_DIR / ".metadata").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"\.metadata is unreadable \(empty file\)"):
+        check_readable(run, 1)
+
+
+def test_errors_that_are_not_about_the_file_pass_through(tmp_path):
+    for exc in (torch.OutOfMemoryError("CUDA out of memory"), KeyboardInterrupt(), TypeError("bug")):
+        with pytest.raises(type(exc)), reading(tmp_path, 1, tmp_path / STATE_FILE):
+            raise exc
+
+
+def test_cli_names_an_empty_trainer_state_instead_of_aborted(tmp_path, trained):
+    cell, src = trained
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    state = checkpoint_dir(run, 1) / STATE_FILE
+    state.write_bytes(b"")
+    cmd = [sys.executable, "-m", "aggbench.cli", "train", "--config", str(cell), "--out", str(run), "--quiet"]
+    proc = subprocess.run(
+        [*cmd, "--set", "tracking.enabled=false"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 1
+    assert "Aborted!" not in proc.stderr
+    assert f"Error: {state} is unreadable (empty file); delete" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------- D15: the MLflow marker
+
+
+def test_a_torn_mlflow_marker_is_ignored_and_written_again_whole(tmp_path):
+    from aggbench.tracking import MlflowRun
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    first = MlflowRun(uri, "test", "cell-a", run_dir)
+    marker = run_dir / "mlflow_run.json"
+    marker.write_text('{"tracking_uri": "sqlite:///')  # what a crash mid-write left before
+    again = MlflowRun(uri, "test", "cell-a", run_dir)
+    assert again.run_id == first.run_id  # found by its tag
+    assert json.loads(marker.read_text()) == {"tracking_uri": uri, "run_id": first.run_id}
+    assert sorted(p.name for p in run_dir.iterdir()) == ["mlflow_run.json"]  # no temporary file
+
+
+def test_the_mlflow_marker_is_never_left_torn(tmp_path):
+    """A write that fails part-way (here: the file size limit, as on a full disk) leaves no marker,
+    instead of a torn one."""
+    import resource
+    import signal
+
+    from aggbench.tracking import MlflowRun
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    tracker = MlflowRun(uri, "test", "cell-a", run_dir)
+    marker = run_dir / "mlflow_run.json"
+    marker.unlink()
+    found = tracker.client.search_runs([tracker.experiment_id])
+    tracker.client.search_runs = lambda *a, **k: found  # no database I/O under the limit below
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20, hard))
+    try:
+        with pytest.raises(OSError):
+            tracker._find_or_create()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+    assert not marker.exists()
+    assert list(run_dir.iterdir()) == []
