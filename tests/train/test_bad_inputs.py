@@ -171,15 +171,15 @@ def test_a_failed_call_leaves_an_existing_run_directory_as_it_was(tmp_path, tiny
 
 
 def test_rollouts_are_written_whole_or_not_at_all(tmp_path):
-    from aggbench.train import _save_rollouts
+    from aggbench.step_log import save_rollouts
 
     path = tmp_path / "rollouts" / "step_1.jsonl"
     path.parent.mkdir()
     path.write_text('{"old": 1}\n')
     rows = [{"group": 0, "x": 1}, {"group": 1, "x": object()}]  # the second row fails mid-write
     with pytest.raises(TypeError):
-        _save_rollouts(tmp_path, 1, [(None, None, None, rows)], 4)
+        save_rollouts(tmp_path, 1, [(None, None, None, rows)], 4)
     assert path.read_text() == '{"old": 1}\n'
     assert [p.name for p in path.parent.iterdir()] == ["step_1.jsonl"]  # no temporary file left
-    _save_rollouts(tmp_path, 1, [(None, None, None, [{"group": 0, "x": 1}])], 4)
+    save_rollouts(tmp_path, 1, [(None, None, None, [{"group": 0, "x": 1}])], 4)
     assert json.loads(path.read_text()) == {"group": 0, "x": 1}
