@@ -85,3 +85,13 @@ def test_a_missing_offline_file_warns_at_the_callers_line(cls, tmp_path: Path, m
         LOADERS[cls](spec, data_dir=tmp_path)
     [w] = [w for w in caught if "not found under the offline data dir" in str(w.message)]
     assert Path(w.filename) == Path(__file__)
+
+
+def test_a_spec_path_that_is_a_directory_or_missing_says_which(tmp_path: Path):
+    from aggbench.data import load_training_spec
+    from aggbench.data.sources import SpecError
+
+    with pytest.raises(SpecError, match="is a directory, not a YAML file"):
+        load_training_spec(str(tmp_path))
+    with pytest.raises(SpecError, match="does not exist"):
+        load_training_spec(str(tmp_path / "nope.yaml"))

@@ -163,7 +163,8 @@ def resolve_config(name_or_path: str | Path, *, kind: str, subdir: str, env_var:
     if looks_like_path(name_or_path):
         if path.is_file():
             return path
-        raise SpecError(f"{kind} config file {str(path)!r} does not exist")
+        what = "is a directory, not a YAML file" if path.is_dir() else "does not exist"
+        raise SpecError(f"{kind} config file {str(path)!r} {what}")
     dirs = config_dirs(subdir, env_var)
     for directory in dirs:
         for ext in (".yaml", ".yml"):
