@@ -348,6 +348,25 @@ def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     return model
 
 
+def read_yaml_mapping(path: Path, *, what: str, error: type[Exception]) -> dict:
+    """The top-level mapping of the YAML file ``path`` (empty file: ``{}``). A file that is missing,
+    a directory, not UTF-8, not YAML or not a mapping raises ``error`` naming ``what`` and ``path``
+    in one line (the cell config and the experiment config are read through this)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise error(f"{what} {path} is a directory, not a YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} {path} is not UTF-8 text ({exc})") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{what} {path} is not valid YAML: {yaml_problem(exc)}") from None
+    if not isinstance(data, dict):
+        raise error(f"{what} {path} must hold a mapping at the top level")
+    return data
+
+
 def yaml_problem(exc: yaml.YAMLError, *, lines: bool = True) -> str:
     """One line from a YAML error: what is wrong and where (``lines=False``: columns only, for a
     one-line value such as a ``--set``)."""
@@ -418,18 +437,7 @@ def _kind(t: type) -> str:
 def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read and validate a cell YAML; raise ConfigError naming every bad field."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {path} is a directory, not a YAML file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {path} is not UTF-8 text ({exc})") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(exc)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    data = read_yaml_mapping(path, what="config file", error=ConfigError)
     grid_keys = [k for k in _GRID_KEYS if k in data]
     if len(grid_keys) >= 2 and not {"model", "dataset"} & set(data):
         raise ConfigError(

@@ -42,16 +42,9 @@ def load_experiment(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise GridError(f"experiment config {path} does not exist")
-    try:
-        exp = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except UnicodeDecodeError as exc:
-        raise GridError(f"experiment config {path} is not UTF-8 text ({exc})") from None
-    except yaml.YAMLError as exc:
-        from aggbench.config import yaml_problem
+    from aggbench.config import read_yaml_mapping
 
-        raise GridError(f"experiment config {path} is not valid YAML: {yaml_problem(exc)}") from None
-    if not isinstance(exp, dict):
-        raise GridError(f"experiment config {path} must hold a mapping at the top level")
+    exp = read_yaml_mapping(path, what="experiment config", error=GridError)
     # A plugin may sit beside its config, as under Snakemake (the Snakefile adds the config's folder).
     validate_experiment(exp, search_paths=[path.resolve().parent])
     return exp

@@ -70,20 +70,12 @@ def prepare_data_command(spec: str, out: str, limit: int | None) -> None:
     Prompts are written with the dataset's instruction template applied, so the trainer feeds them
     to the chat template as they are. $AGGBENCH_DATA_DIR overrides the hub.
     """
-    import contextlib
-    import os
-
     from aggbench.data import load_training_dataset, load_training_spec, write_jsonl
 
     s = load_training_spec(spec)
     records = [{**r, "prompt": s.render_prompt(r)} for r in load_training_dataset(s, limit=limit)]
-    tmp = f"{out}.tmp-{os.getpid()}"
     try:
-        n = write_jsonl(tmp, records)
-        os.replace(tmp, out)
+        n = write_jsonl(out, records)  # atomically
     except OSError as exc:
         raise click.ClickException(f"cannot write --out {out}: {exc.strerror or exc}") from None
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
     click.echo(f"{s.name}: {n} records -> {out}")

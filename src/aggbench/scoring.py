@@ -26,7 +26,11 @@ class EvaluationError(ValueError):
 
 
 def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
-    return write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    """:func:`aggbench.data.jsonl.write_jsonl` (atomic), returning the path."""
+    from aggbench.data.jsonl import write_jsonl as write_rows
+
+    write_rows(path, rows)
+    return Path(path)
 
 
 def write_json(path: str | Path, obj: Any) -> Path:

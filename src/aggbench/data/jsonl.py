@@ -77,11 +77,12 @@ def _not_utf8(path: Path, first: int) -> DataError:
 
 
 def write_jsonl(path: str | Path, records: Iterable[Mapping[str, Any]]) -> int:
-    """Write records as UTF-8 JSONL (one object per line, non-ASCII kept); return the row count."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write records as UTF-8 JSONL (one object per line, non-ASCII kept), atomically: the file is
+    replaced only once every record is written. Returns the row count."""
+    from aggbench.atomic import atomic_writer
+
     n = 0
-    with path.open("w", encoding="utf-8") as handle:
+    with atomic_writer(path) as handle:
         for record in records:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
             n += 1
