@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import pickle
 import re
 import shutil
-import struct
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +30,7 @@ from typing import Any
 
 import torch
 
-from aggbench.modeldir import ModelDirError, loading, require_model_dir
+from aggbench.modeldir import ModelDirError, loading, weights_problem
 
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
@@ -187,38 +185,6 @@ def _read_failure(exc: BaseException) -> str | None:
     return (
         f"{type(exc).__name__}: {text.splitlines()[0].split('. ')[0][:200]}" if text else type(exc).__name__
     )
-
-
-def require_weights(path: str | Path, *, what: str, fix: str) -> Path:
-    """:func:`aggbench.modeldir.require_model_dir`, and its ``.safetensors`` files complete (their
-    headers read: an empty or truncated weights file fails here, before anything loads)."""
-    p = require_model_dir(path, what=what, fix=fix)
-    for weights in sorted(p.glob("*.safetensors")):
-        if why := weights_problem(weights):
-            raise ModelDirError(f"{what} {p}: {weights.name} is unreadable ({why}); {fix}")
-    return p
-
-
-def weights_problem(path: Path) -> str | None:
-    """Why a ``.safetensors`` file cannot be complete (empty, header or data cut short), or None;
-    reads its header only."""
-    try:
-        size = path.stat().st_size
-    except OSError as exc:  # a dangling link
-        return f"{type(exc).__name__}: {exc.strerror}"
-    if size == 0:
-        return "empty file"
-    try:
-        with open(path, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8).ljust(8, b"\xff"))
-            if 8 + n > size:
-                return f"truncated: {size} bytes, shorter than its header says"
-            header = json.loads(fh.read(n))
-        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, UnicodeDecodeError):
-        return "not a safetensors file (corrupt header)"
-    need = 8 + n + max(ends, default=0)
-    return f"truncated: {size} of {need} bytes" if size < need else None
 
 
 def _torch_file_problem(path: Path) -> str | None:

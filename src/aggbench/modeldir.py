@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +37,38 @@ def require_model_dir(path: str | Path, *, what: str, fix: str) -> Path:
     except (ValueError, UnicodeDecodeError) as exc:
         raise ModelDirError(f"{what} {p}: config.json is not valid JSON ({exc}); {fix}") from exc
     return p
+
+
+def require_weights(path: str | Path, *, what: str, fix: str) -> Path:
+    """:func:`require_model_dir`, and its ``.safetensors`` files complete (their
+    headers read: an empty or truncated weights file fails here, before anything loads)."""
+    p = require_model_dir(path, what=what, fix=fix)
+    for weights in sorted(p.glob("*.safetensors")):
+        if why := weights_problem(weights):
+            raise ModelDirError(f"{what} {p}: {weights.name} is unreadable ({why}); {fix}")
+    return p
+
+
+def weights_problem(path: Path) -> str | None:
+    """Why a ``.safetensors`` file cannot be complete (empty, header or data cut short), or None;
+    reads its header only."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:  # a dangling link
+        return f"{type(exc).__name__}: {exc.strerror}"
+    if size == 0:
+        return "empty file"
+    try:
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8).ljust(8, b"\xff"))
+            if 8 + n > size:
+                return f"truncated: {size} bytes, shorter than its header says"
+            header = json.loads(fh.read(n))
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, UnicodeDecodeError):
+        return "not a safetensors file (corrupt header)"
+    need = 8 + n + max(ends, default=0)
+    return f"truncated: {size} of {need} bytes" if size < need else None
 
 
 @contextlib.contextmanager

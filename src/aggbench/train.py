@@ -44,7 +44,7 @@ from aggbench.aggregation import load_plugins, make_instance
 from aggbench.config import TrainConfig, check_resume, dump_config
 from aggbench.data.training import read_training_records
 from aggbench.distributed import gather_minibatch
-from aggbench.modeldir import loading
+from aggbench.modeldir import loading, require_weights
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_tags
 from aggbench.update import LossSettings, accumulate_gradients, fixed_logprobs, minibatch_weights
 
@@ -122,7 +122,7 @@ def _check_inputs(cfg: TrainConfig, start: int) -> list[dict]:
     records = read_training_records(cfg.dataset.path, name=cfg.dataset.name)
     if not start or cfg.algorithm.kl_coef > 0:
         fix = f"run `aggbench prepare-model NAME --out {cfg.model.path}` (NAME: tiny, hub id or directory)"
-        checkpoint.require_weights(cfg.model.path, what="model.path", fix=fix)
+        require_weights(cfg.model.path, what="model.path", fix=fix)
     return records
 
 
