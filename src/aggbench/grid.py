@@ -79,10 +79,26 @@ def fill_defaults(exp: dict) -> dict:
     return exp
 
 
-# Resource keys the workflow itself reads (workflow/rules/common.smk: RESOURCE_FALLBACK); every
-# other key goes to the SLURM executor unchanged, so a misspelling of one of these would silently
-# leave its default (1 CPU, 4000 MB, 60 minutes, no GPU) in force.
-RESOURCE_KEYS = ("cpus", "gpus", "mem_mb", "runtime")
+# What a rule gets when neither `resources.<rule>` nor `models.<m>.resources.<rule>` sets a key
+# (grade's cpus: evaluation.workers). workflow/rules/common.smk and `aggbench plan` both resolve
+# resources through :func:`resource`.
+RESOURCE_FALLBACK = {"cpus": 1, "mem_mb": 4000, "runtime": 60, "gpus": 0}
+# The keys the workflow itself reads; every other key goes to the SLURM executor unchanged, so a
+# misspelling of one of these would silently leave its default in force.
+RESOURCE_KEYS = tuple(sorted(RESOURCE_FALLBACK))
+
+
+def resource(exp: dict, section: str, model: str | None, key: str) -> Any:
+    """A rule section's resource ``key``: model override > config > fallback (grade's cpus fall
+    back to ``evaluation.workers``)."""
+    value = exp["evaluation"].get("workers", 2) if (section, key) == ("grade", "cpus") else None
+    value = RESOURCE_FALLBACK.get(key) if value is None else value
+    value = (exp.get("resources") or {}).get(section, {}).get(key, value)
+    if model is not None:
+        value = ((exp["models"][model].get("resources") or {}).get(section) or {}).get(key, value)
+    return value
+
+
 # Near misses of them; `gpu` and `cpus_per_task` are also the executor's own names, which the
 # workflow sets from `gpus` and `cpus` (a config's value would be overwritten or skip threads:).
 RESOURCE_ALIASES = {

@@ -32,7 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from aggbench import costmodel as cm
-from aggbench.grid import GridError, cell_train_config, cells, checkpoint_steps, eval_steps, job_counts
+from aggbench.grid import (
+    GridError,
+    cell_train_config,
+    cells,
+    checkpoint_steps,
+    eval_steps,
+    job_counts,
+    resource,
+)
 from aggbench.rollout.vllm import EVAL_GPU_MEMORY_UTILIZATION
 
 # Defaults of the `plan:` block, each with its source (printed under "assumed" when used).
@@ -61,20 +69,8 @@ SOURCES: dict[str, str] = {
 # (../shared/data, see its PROVENANCE.md), which agree with the specs' descriptions.
 KNOWN_PROBLEMS = {"math500": 500, "aime24": 30, "aime25": 30, "minerva": 272, "olympiadbench": 675,
                   "livecodebench": 279}  # fmt: skip
-# What common.smk uses when the config sets no resource (keep the two in step).
-RESOURCE_FALLBACK = {"cpus": 1, "mem_mb": 4000, "runtime": 60, "gpus": 0}
 LOCAL_RULES = ("prepare_model", "prepare_data", "experiment_config", "cell_config", "all")
 SLURM_RULES = ("train", "generate", "grade", "generate_base", "grade_base", "report")
-
-
-def resource(exp: dict, section: str, model: str | None, key: str) -> Any:
-    """A rule's resource as common.smk resolves it: model override > config > fallback."""
-    value = exp["evaluation"].get("workers", 2) if (section, key) == ("grade", "cpus") else None
-    value = RESOURCE_FALLBACK.get(key) if value is None else value
-    value = (exp.get("resources") or {}).get(section, {}).get(key, value)
-    if model is not None:
-        value = ((exp["models"][model].get("resources") or {}).get(section) or {}).get(key, value)
-    return value
 
 
 def settings(exp: dict) -> tuple[dict[str, Any], list[str]]:

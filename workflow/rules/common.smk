@@ -75,26 +75,19 @@ JOB_ENV = f"{ENV} export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFF
 
 
 # ---------------------------------------------------------------- resources
-# Used when neither config["resources"][rule] nor config["models"][m]["resources"][rule] sets a key.
-RESOURCE_FALLBACK = {"cpus": 1, "mem_mb": 4000, "runtime": 60, "gpus": 0}
-RULE_FALLBACK = {"grade": {"cpus": EVAL["workers"]}, "grade_base": {"cpus": EVAL["workers"]}}
+# Resolved by aggbench.grid.resource (model override > config > grid.RESOURCE_FALLBACK; grade's
+# cpus: evaluation.workers), the same function `aggbench plan` costs the grid with.
 # The base model's jobs use the resources of their run-side twins.
 RESOURCE_SECTION = {"generate_base": "generate", "grade_base": "grade"}
 
 
 def _resource_value(rule_name, model, key):
-    section = RESOURCE_SECTION.get(rule_name, rule_name)
-    value = RULE_FALLBACK.get(rule_name, {}).get(key, RESOURCE_FALLBACK.get(key))
-    value = config.get("resources", {}).get(section, {}).get(key, value)
-    if model is not None:
-        model_res = config["models"][model].get("resources") or {}
-        value = model_res.get(section, {}).get(key, value)
-    return value
+    return grid.resource(config, RESOURCE_SECTION.get(rule_name, rule_name), model, key)
 
 
 def _resource_keys(rule_name):
     section = RESOURCE_SECTION.get(rule_name, rule_name)
-    keys = set(RESOURCE_FALLBACK) | set(config.get("resources", {}).get(section, {}))
+    keys = set(grid.RESOURCE_FALLBACK) | set(config.get("resources", {}).get(section, {}))
     for m in MODELS:
         keys |= set((config["models"][m].get("resources") or {}).get(section, {}))
     return sorted(keys)
