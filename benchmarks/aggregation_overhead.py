@@ -4,7 +4,7 @@ For every built-in rule instance, times three stages on one mini-batch [B x T] (
 16 groups of 16, random lengths, binary rewards, grpo advantages):
 
   weights   effective advantages only: inst(mask, advantages, group_ids)
-  fwd       weights + aggbench.objective.pg_loss with random log-probs (no autograd)
+  fwd       weights + aggbench.train.objective.pg_loss with random log-probs (no autograd)
   fwd+bwd   weights + pg_loss + backward w.r.t. the log-probs
 
 Rules are timed interleaved in the same run: each round times every instance once, in a shuffled
@@ -28,9 +28,9 @@ from collections.abc import Callable
 
 import torch
 
-from aggbench.advantages import grpo
 from aggbench.aggregation import builtin_instances
-from aggbench.objective import pg_loss
+from aggbench.train.advantages import grpo
+from aggbench.train.objective import pg_loss
 
 STAGES = ("weights", "fwd", "fwd+bwd")
 

@@ -1,6 +1,6 @@
 """GPU check: the tiny model's GRPO training steps in bf16 on one GPU, with generation on the GPU.
 
-Runs the real trainer (``aggbench.train.train``: transformers ``generate`` rollouts, bf16 autocast
+Runs the real trainer (``aggbench.train.loop.train``: transformers ``generate`` rollouts, bf16 autocast
 over fp32 master weights, AdamW) for a few steps on one GPU and reports
 
 - tokens/s of generation (response tokens sampled per second) and of the update (prompt +
@@ -8,7 +8,7 @@ over fp32 master weights, AdamW) for a few steps on one GPU and reports
   trainer's own per-step timings (metrics.jsonl) and its saved rollouts; the first step
   (CUDA start-up) is left out when there are more;
 - the measured peak memory (``torch.cuda.max_memory_allocated``) next to ``aggbench plan``'s
-  estimate for the same settings (``aggbench.plan.train_job_memory``: the larger of the update
+  estimate for the same settings (``aggbench.plan.estimate.train_job_memory``: the larger of the update
   and the rollout phase; prompt width = the longest prompt of the data).
 
 Run it whenever a GPU is available and record the printed README line (date, GPU, numbers)::
@@ -67,8 +67,8 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, Path, int]:
     from transformers import AutoTokenizer
 
     from aggbench.prompts import encode_prompts
-    from aggbench.tiny import tiny_model_for_tests
-    from aggbench.tiny_task import make_task
+    from aggbench.tiny.model import tiny_model_for_tests
+    from aggbench.tiny.task import make_task
 
     model = args.model or tiny_model_for_tests(work, sft_steps=args.sft_steps)
     train, _ = make_task(0, 256, 16)
@@ -109,7 +109,7 @@ def measure(cfg, model: Path, out: Path) -> dict:
     """Train, then read the per-step timings and token counts the trainer wrote."""
     import torch
 
-    from aggbench.train import train
+    from aggbench.train.loop import train
 
     cuda = cfg.device == "cuda"
     if cuda:
@@ -157,8 +157,8 @@ def throughput(out: Path, model: Path) -> dict:
 
 def plan_estimate(cfg, model: Path) -> dict:
     """aggbench plan's memory estimate for this config on one GPU."""
-    from aggbench.costmodel import ModelShape
-    from aggbench.plan import train_job_memory
+    from aggbench.plan.costmodel import ModelShape
+    from aggbench.plan.estimate import train_job_memory
 
     shape = ModelShape.from_file(model)
     job = train_job_memory(shape, cfg, gpus=1, gpu_memory_gib=0, precision=cfg.precision)

@@ -69,7 +69,7 @@ def start_group(device: str, world: int):
     import torch
     import torch.distributed as dist
 
-    from aggbench import parallel
+    from aggbench.train import parallel
 
     if "MASTER_PORT" not in os.environ:  # plain `python`, not torchrun
         with socket.socket() as s:
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from aggbench.train import train
+    from aggbench.train.loop import train
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))

@@ -68,7 +68,7 @@ import json, sys, time
 from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
-from aggbench.tiny_task import task_reward
+from aggbench.tiny.task import task_reward
 model, data, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 rows = [json.loads(l) for l in open(data)]
 ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"]} for r in rows])
@@ -112,8 +112,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--sft-steps", type=int, default=150)
     args = ap.parse_args()
-    from aggbench.tiny import tiny_model_for_tests
-    from aggbench.tiny_task import make_task
+    from aggbench.tiny.model import tiny_model_for_tests
+    from aggbench.tiny.task import make_task
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

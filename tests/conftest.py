@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from support import shared_data_dir
+from helpers.support import shared_data_dir
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +21,7 @@ def shared_data() -> Path:
 def tiny_sft_model(tmp_path_factory) -> Path:
     """A briefly warm-started tiny model (answers in the task's format, so GRPO groups have reward
     variance), built once per test session."""
-    from aggbench.tiny import tiny_model_for_tests
+    from aggbench.tiny.model import tiny_model_for_tests
 
     return tiny_model_for_tests(tmp_path_factory.mktemp("tiny-sft"), sft_steps=40, batch_size=32)
 
@@ -31,7 +31,7 @@ def tiny_train_data(tmp_path_factory) -> Path:
     """The built-in task's train split as canonical JSONL."""
     import json
 
-    from aggbench.tiny_task import make_task
+    from aggbench.tiny.task import make_task
 
     train, _ = make_task(0, 256, 16)
     path = tmp_path_factory.mktemp("tiny-data") / "train.jsonl"

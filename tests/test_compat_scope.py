@@ -16,8 +16,14 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "aggbench"
 MODULES = sorted(
     {f"aggbench.grading.{p.stem}" for p in (SRC / "grading").glob("*.py") if p.stem != "__init__"}
     | {f"aggbench.data.{p.stem}" for p in (SRC / "data").glob("*.py") if p.stem != "__init__"}
-    | {f"aggbench.{p.stem}" for p in SRC.glob("report*.py")}
-    | {"aggbench.ingest", "aggbench.plots", "aggbench.metrics", "aggbench.tracking", "aggbench.scoring"}
+    | {f"aggbench.report.{p.stem}" for p in (SRC / "report").glob("*.py") if p.stem != "__init__"}
+    | {
+        "aggbench.cli.grade",
+        "aggbench.cli.report",
+        "aggbench.evaluation.metrics",
+        "aggbench.tracking",
+        "aggbench.evaluation.score",
+    }
 )
 
 

@@ -231,7 +231,7 @@ class TrainConfig(_Strict):
 # run's length (extending total_steps continues the same run), and the memory knobs a resume after
 # an out-of-memory crash needs: micro-batch size (the aggregation weights are computed on the whole
 # mini-batch, so micro-batching is exact up to summation order: tests/train/test_invariance.py),
-# activation checkpointing (recomputes the same forward: tests/distributed/test_fsdp.py) and vLLM's
+# activation checkpointing (recomputes the same forward: tests/train/test_fsdp.py) and vLLM's
 # memory share. Everything else changes the math.
 RESUME_MUTABLE: tuple[str, ...] = (
     "model.path",
@@ -456,6 +456,6 @@ def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None)
 
 def dump_config(cfg: TrainConfig, path: str | Path) -> None:
     """Write ``cfg`` as YAML, atomically (a crash never leaves a truncated file a resume then reads)."""
-    from aggbench.atomic import write_atomic
+    from aggbench.files import write_atomic
 
     write_atomic(path, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

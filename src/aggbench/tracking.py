@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from aggbench.atomic import write_atomic
+from aggbench.files import write_atomic
 
 SENTINEL = "train/step"
 

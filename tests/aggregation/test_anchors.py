@@ -15,7 +15,7 @@ Mapping (batch scope; N sequences, L_max the configured maximum response length)
     constant        seq-mean-token-sum-norm (verl >= 0.7.1)     dr_grpo
     N * constant    seq-mean-token-sum-norm (verl <= 0.6.1)     -
 
-The anchors are reimplemented from the cited sources (a few lines each, in tests/anchor_refs.py) so
+The anchors are reimplemented from the cited sources (a few lines each, in tests/helpers/anchor_refs.py) so
 the suite runs without verl; ``test_verl_installed_agg_loss_matches`` calls the real verl functions
 when verl is importable. TRL has no standalone loss function (the aggregation lives inside
 ``GRPOTrainer._compute_loss``), so its lines are reimplemented and cited.
@@ -32,7 +32,7 @@ import pytest
 import torch
 
 from aggbench.aggregation import mask_from_lengths
-from anchor_refs import (
+from helpers.anchor_refs import (
     DUAL_CLIP,
     EPS_HIGH,
     EPS_LOW,

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from aggbench.aggregation import RuleInstance, mask_from_lengths
-from aggbench.objective import pg_loss
-from anchor_refs import (
+from aggbench.train.objective import pg_loss
+from helpers.anchor_refs import (
     EPS_HIGH,
     EPS_LOW,
     SEEDS,

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from aggbench.advantages import grpo
 from aggbench.aggregation.diagnostics import sign_weights
-from aggbench.objective import pg_loss
-from support import contract_instances, instance_ids, random_batch
+from aggbench.train.advantages import grpo
+from aggbench.train.objective import pg_loss
+from helpers.support import contract_instances, instance_ids, random_batch
 
 INSTANCES = contract_instances()
 

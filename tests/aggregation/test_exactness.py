@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aggbench.advantages import grpo
 from aggbench.aggregation import RuleInstance
-from aggbench.logprobs import response_logprobs
-from aggbench.objective import aux_token_weights, kl_k3, pg_loss
-from dp_fixture import tiny_model
-from support import contract_instances, instance_ids
+from aggbench.train.advantages import grpo
+from aggbench.train.logprobs import response_logprobs
+from aggbench.train.objective import aux_token_weights, kl_k3, pg_loss
+from helpers.dp_fixture import tiny_model
+from helpers.support import contract_instances, instance_ids
 
 INSTANCES = contract_instances()
 CLIP = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0}

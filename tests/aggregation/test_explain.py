@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from aggbench.aggregation import builtin_instances, rule_names
 from aggbench.aggregation.core import RULES
 from aggbench.cli import main
-from support import REPO_ROOT
+from helpers.support import REPO_ROOT
 
 BUILTIN = list(builtin_instances())
 SQRT2 = math.sqrt(2.0)

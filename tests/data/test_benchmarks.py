@@ -322,7 +322,7 @@ def test_unreachable_hub_names_the_env_var(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_tiny_test_uses_make_task_test_split(monkeypatch: pytest.MonkeyPatch) -> None:
-    # aggbench.tiny is written by another module; a stub with the agreed signature stands in.
+    # aggbench.tiny.task is written by another module; a stub with the agreed signature stands in.
     calls = []
 
     def make_task(seed: int, n_train: int, n_test: int):
@@ -331,7 +331,7 @@ def test_tiny_test_uses_make_task_test_split(monkeypatch: pytest.MonkeyPatch) ->
         test = [{"id": f"te{i}", "prompt": f"{i}+2=", "answer": i + 2} for i in range(n_test)]
         return train, test
 
-    monkeypatch.setitem(sys.modules, "aggbench.tiny", types.SimpleNamespace(make_task=make_task))
+    monkeypatch.setitem(sys.modules, "aggbench.tiny.task", types.SimpleNamespace(make_task=make_task))
     spec = load_benchmark_spec("tiny_test")
     records = load_benchmark(spec)
     assert calls == [(0, 512, 64)]
@@ -342,7 +342,7 @@ def test_tiny_test_uses_make_task_test_split(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_tiny_test_with_the_real_task() -> None:
-    from aggbench.tiny_task import make_task
+    from aggbench.tiny.task import make_task
 
     records = load_benchmark("tiny_test")
     _, test = make_task(0, 512, 64)

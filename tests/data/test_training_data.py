@@ -120,7 +120,7 @@ def test_polaris_synthetic_fixture_loads(tmp_path: Path) -> None:
 
 
 def test_tiny_dataset_is_the_train_split(monkeypatch: pytest.MonkeyPatch) -> None:
-    # aggbench.tiny is written by another module; a stub with the agreed signature stands in.
+    # aggbench.tiny.task is written by another module; a stub with the agreed signature stands in.
     def make_task(seed: int, n_train: int, n_test: int):
         return {
             "train": [
@@ -129,7 +129,7 @@ def test_tiny_dataset_is_the_train_split(monkeypatch: pytest.MonkeyPatch) -> Non
             "test": [{"id": "te0", "prompt": "x", "answer": "y"}] * n_test,
         }
 
-    monkeypatch.setitem(sys.modules, "aggbench.tiny", types.SimpleNamespace(make_task=make_task))
+    monkeypatch.setitem(sys.modules, "aggbench.tiny.task", types.SimpleNamespace(make_task=make_task))
     records = load_training_dataset("tiny")
     assert len(records) == 512
     assert records[3] == {"id": "tr3", "prompt": "3+0=", "answer": "3"}
@@ -149,7 +149,7 @@ def test_training_spec_errors(tmp_path: Path) -> None:
 
 
 def test_tiny_dataset_with_the_real_task() -> None:
-    from aggbench.tiny_task import make_task
+    from aggbench.tiny.task import make_task
 
     train, test = make_task(0, 512, 64)
     records = load_training_dataset("tiny")

@@ -277,8 +277,8 @@ def test_values_cross_the_sandbox_boundary_intact() -> None:
 
 
 def test_scoring_reports_base_and_plus_per_sample(humaneval_file: Path, tmp_path: Path) -> None:
-    from aggbench.evaluate import record_fields
-    from aggbench.scoring import score_benchmark
+    from aggbench.evaluation.generate import record_fields
+    from aggbench.evaluation.score import score_benchmark
 
     spec = load_benchmark_spec("humaneval_plus")
     records = {r["id"]: r for r in load_benchmark(spec)}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from aggbench.report_cli import report_command
-from aggbench.report_collect import check_metric_name
+from aggbench.cli.report import report_command
+from aggbench.report.collect import check_metric_name
 
 
 @pytest.mark.parametrize("metric", ["foo@3", "avg@0", "pass@", "avg@N", "pass@k", "avg", "maj@1.5", " avg@n"])
@@ -30,7 +30,7 @@ def test_the_valid_forms_pass(metric):
 
 
 def test_collect_refuses_an_unknown_metric():
-    from aggbench.report_collect import collect
+    from aggbench.report.collect import collect
 
     with pytest.raises(ValueError, match="unknown metric 'foo@3'"):
         collect({"benchmarks": ["tiny_test"], "experiment": "x"}, client=None, metric="foo@3")

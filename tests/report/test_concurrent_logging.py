@@ -16,10 +16,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import report_fixtures as rf  # noqa: E402
-
-from aggbench.ingest import Source, find_runs, init_store, verify_source  # noqa: E402
+from aggbench.report.ingest import Source, find_runs, init_store, verify_source  # noqa: E402
+from helpers import report_fixtures as rf  # noqa: E402
 
 STEPS = 20
 EVAL_AT = (5, 10, 15, 20)

@@ -6,19 +6,16 @@ import json
 import math
 import shutil
 import sqlite3
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import report_fixtures as rf  # noqa: E402
-
+from aggbench.cli.report import ingest_command, report_command  # noqa: E402
 from aggbench.grid import load_experiment  # noqa: E402
-from aggbench.ingest import base_id, find_runs, init_store, tracking_uri, verify  # noqa: E402
-from aggbench.report_cli import ingest_command, report_command  # noqa: E402
-from support import EVAL_KEYS_N4  # noqa: E402
+from aggbench.report.ingest import base_id, find_runs, init_store, tracking_uri, verify  # noqa: E402
+from helpers import report_fixtures as rf  # noqa: E402
+from helpers.support import EVAL_KEYS_N4  # noqa: E402
 
 CELLS = [rf.cell_id(r, s) for (r, s) in rf.EVALS]  # the five cells with files
 EVAL_KEYS = EVAL_KEYS_N4  # what each benchmark's metrics.json (n = 4) puts in MLflow

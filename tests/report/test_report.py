@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import csv
 import re
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import report_fixtures as rf  # noqa: E402
-
+from aggbench.cli.report import ingest_command, report_command  # noqa: E402
 from aggbench.grid import load_experiment  # noqa: E402
-from aggbench.ingest import find_runs, init_store, summary_id, tracking_uri  # noqa: E402
-from aggbench.report import check_reported, metric_name  # noqa: E402
-from aggbench.report_cli import ingest_command, report_command  # noqa: E402
+from aggbench.report.ingest import find_runs, init_store, summary_id, tracking_uri  # noqa: E402
+from aggbench.report.tables import check_reported, metric_name  # noqa: E402
+from helpers import report_fixtures as rf  # noqa: E402
 
 REPORTED = {"tiny": {"tiny": {"token": {"tiny_test": 40.0, "math500": 30.0}, "base": {"tiny_test": 12.0}}}}
 ROWS = ["base (step 0)", "token", "balanced", "sequence"]

@@ -27,9 +27,9 @@ import torch
 from aggbench.config import ConfigError
 from aggbench.rollout import make_engine
 from aggbench.rollout.vllm import export_weights, launcher_kwargs
-from dp_fixture import tiny_model
-from fake_vllm import install
-from trainer_support import write_cell
+from helpers.dp_fixture import tiny_model
+from helpers.fake_vllm import install
+from helpers.trainer_support import write_cell
 
 HERE = Path(__file__).parent
 
@@ -106,8 +106,8 @@ def test_tp_not_dividing_the_world_is_refused(fake_vllm, monkeypatch):
 
 
 def test_trainer_refuses_vllm_tensor_parallel_under_torchrun(tmp_path, monkeypatch):
-    from aggbench import parallel
     from aggbench.config import load_train_config
+    from aggbench.train import parallel
 
     cell = write_cell(tmp_path / "c.yaml", tmp_path / "model", tmp_path / "data.jsonl")
     over = {"rollout.engine": "vllm", "rollout.tensor_parallel_size": 2, "distributed.strategy": "fsdp"}

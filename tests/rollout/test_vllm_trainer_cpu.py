@@ -24,9 +24,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from aggbench.config import load_train_config
 from aggbench.rollout.hf import HFEngine
-from aggbench.train import train
-from fake_vllm import install
-from trainer_support import metrics_rows, write_cell
+from aggbench.train.loop import train
+from helpers.fake_vllm import install
+from helpers.trainer_support import metrics_rows, write_cell
 
 
 class GeneratingLLM:

@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from aggbench import parallel
 from aggbench.rollout.vllm import export_weights
-from dp_fixture import tiny_model
+from aggbench.train import parallel
+from helpers.dp_fixture import tiny_model
 
 
 def main() -> None:

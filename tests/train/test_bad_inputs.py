@@ -19,8 +19,8 @@ from aggbench.config import load_train_config
 from aggbench.data.jsonl import DataError
 from aggbench.modeldir import ModelDirError
 from aggbench.registry import RegistryError
-from aggbench.train import train
-from trainer_support import write_cell
+from aggbench.train.loop import train
+from helpers.trainer_support import write_cell
 
 GOOD = '{"id": "a", "prompt": "p", "answer": "1"}\n'
 
@@ -28,7 +28,7 @@ GOOD = '{"id": "a", "prompt": "p", "answer": "1"}\n'
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     """An untrained tiny model (about a second): these tests never need one that learns."""
-    from aggbench.tiny import tiny_model_for_tests
+    from aggbench.tiny.model import tiny_model_for_tests
 
     return tiny_model_for_tests(tmp_path_factory.mktemp("tiny-model"))
 
@@ -171,7 +171,7 @@ def test_a_failed_call_leaves_an_existing_run_directory_as_it_was(tmp_path, tiny
 
 
 def test_rollouts_are_written_whole_or_not_at_all(tmp_path):
-    from aggbench.step_log import save_rollouts
+    from aggbench.train.step_log import save_rollouts
 
     path = tmp_path / "rollouts" / "step_1.jsonl"
     path.parent.mkdir()

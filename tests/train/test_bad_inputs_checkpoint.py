@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from aggbench import parallel
-from aggbench.checkpoint import (
+from aggbench.config import load_train_config
+from aggbench.train import parallel
+from aggbench.train.checkpoint import (
     COMPLETE,
     SHARDED_DIR,
     STATE_FILE,
@@ -25,15 +26,14 @@ from aggbench.checkpoint import (
     checkpoint_dir,
     reading,
 )
-from aggbench.config import load_train_config
-from aggbench.train import train
-from trainer_support import write_cell
+from aggbench.train.loop import train
+from helpers.trainer_support import write_cell
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_train_data) -> tuple[Path, Path]:
     """(cell YAML, run directory) of a 2-step cell trained to its step-1 checkpoint."""
-    from aggbench.tiny import tiny_model_for_tests
+    from aggbench.tiny.model import tiny_model_for_tests
 
     root = tmp_path_factory.mktemp("trained")
     model = tiny_model_for_tests(root)

@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from aggbench.tracking import SENTINEL, metric_history
-from trainer_support import metrics_rows, stable, write_cell
+from helpers.trainer_support import metrics_rows, stable, write_cell
 
 STEPS, EVERY = 4, 2
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from aggbench.aggregation import builtin_instances
-from aggbench.batching import pack
-from aggbench.update import LossSettings, accumulate_gradients, minibatch_weights
-from dp_fixture import fixed_batch, tiny_model
+from aggbench.train.batching import pack
+from aggbench.train.update import LossSettings, accumulate_gradients, minibatch_weights
+from helpers.dp_fixture import fixed_batch, tiny_model
 
 
 def _run(micro: int, rule) -> tuple[float, list[torch.Tensor]]:

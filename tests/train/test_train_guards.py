@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from aggbench.config import ConfigError, check_resume, dump_config, load_train_config
-from trainer_support import metrics_rows, write_cell
+from helpers.trainer_support import metrics_rows, write_cell
 
 
 def _cfg(tmp_path: Path, name: str = "cell.yaml", **algorithm):

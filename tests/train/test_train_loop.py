@@ -10,11 +10,11 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from aggbench.aggregation import builtin_instances
-from aggbench.checkpoint import complete_steps
 from aggbench.config import load_train_config
 from aggbench.tracking import metric_history
-from aggbench.train import train
-from trainer_support import metrics_rows, stable, write_cell
+from aggbench.train.checkpoint import complete_steps
+from aggbench.train.loop import train
+from helpers.trainer_support import metrics_rows, stable, write_cell
 
 
 @pytest.mark.slow

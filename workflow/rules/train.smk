@@ -27,7 +27,7 @@ def train_inputs(wildcards):
 
 def train_launcher(wildcards, threads):
     """`aggbench`, or torchrun with one process per GPU when the cell's train job asks for more than
-    one (one node; the trainer shards the model with FSDP2, see aggbench.parallel), the job's
+    one (one node; the trainer shards the model with FSDP2, see aggbench.train.parallel), the job's
     threads split between the processes."""
     gpus = int(_resource_value("train", model_of_cell(wildcards), "gpus") or 0)
     if gpus <= 1:

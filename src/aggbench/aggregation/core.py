@@ -6,7 +6,7 @@ A rule is a pure function
 
 over the WHOLE optimiser mini-batch. The effective advantage of a token is (its weight) x (its
 sequence's advantage); the policy-gradient loss is the plain token SUM of the clipped objective
-evaluated with them (see ``aggbench.objective``). Because the weights never depend on the model's
+evaluated with them (see ``aggbench.train.objective``). Because the weights never depend on the model's
 outputs they are computed once per optimiser step, before the batch is cut into micro-batches or
 spread over data-parallel ranks, so gradient accumulation and data parallelism are exact for every
 rule by construction.

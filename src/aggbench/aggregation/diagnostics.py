@@ -65,7 +65,7 @@ def diagnostics(
     """Length statistics plus, for every rule instance, its per-sign weights (and loss if given).
 
     mask: [B, T]; advantages: [B]; group_ids: [B]; unit_loss: optional [B, T] clipped loss at unit
-    advantage of each token's sign (``aggbench.objective.unit_pg_loss``). ``instances`` defaults to
+    advantage of each token's sign (``aggbench.train.objective.unit_pg_loss``). ``instances`` defaults to
     every registered rule at its defaults plus the built-in variants; pass the run's own instances
     merged in so a user's rule is reported too. Keys: ``agg/<name>/weight_pos``, ``.../weight_neg``,
     ``.../weight_ratio`` (pos / neg), ``.../pg_loss``.

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from aggbench.advantages import get_advantage
 from aggbench.aggregation.core import RuleInstance, mask_from_lengths
 from aggbench.aggregation.diagnostics import sign_weights
+from aggbench.train.advantages import get_advantage
 
 GroupLabel = int | str
 

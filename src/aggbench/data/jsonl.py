@@ -79,7 +79,7 @@ def _not_utf8(path: Path, first: int) -> DataError:
 def write_jsonl(path: str | Path, records: Iterable[Mapping[str, Any]]) -> int:
     """Write records as UTF-8 JSONL (one object per line, non-ASCII kept), atomically: the file is
     replaced only once every record is written. Returns the row count."""
-    from aggbench.atomic import atomic_writer
+    from aggbench.files import atomic_writer
 
     n = 0
     with atomic_writer(path) as handle:

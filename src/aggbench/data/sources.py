@@ -107,7 +107,7 @@ class UrlSource(Strict):
 
 
 class BuiltinSource(Strict):
-    """The built-in synthetic task, ``aggbench.tiny.make_task(seed, n_train, n_test)``."""
+    """The built-in synthetic task, ``aggbench.tiny.task.make_task(seed, n_train, n_test)``."""
 
     name: Literal["tiny"] = "tiny"
     split: Literal["train", "test"]
@@ -414,12 +414,12 @@ def url_rows(
 def builtin_rows(source: BuiltinSource) -> Iterator[Row]:
     """The built-in task's split; ``make_task`` may return a (train, test) pair or a dict of them."""
     try:
-        from aggbench.tiny import make_task  # lazy: imports the tiny model's dependencies
+        from aggbench.tiny.task import make_task
     except ImportError as exc:
-        raise DataUnavailableError(f"the built-in task needs aggbench.tiny.make_task ({exc})") from exc
+        raise DataUnavailableError(f"the built-in task needs aggbench.tiny.task.make_task ({exc})") from exc
     result = make_task(seed=source.seed, n_train=source.n_train, n_test=source.n_test)
     splits = result if isinstance(result, dict) else dict(zip(("train", "test"), result, strict=True))
-    where = f"aggbench.tiny.make_task(seed={source.seed}) {source.split}"
+    where = f"aggbench.tiny.task.make_task(seed={source.seed}) {source.split}"
     return ((where, i + 1, dict(row)) for i, row in enumerate(splits[source.split]))
 
 

@@ -1,5 +1,5 @@
 """Grading rows of samples in a worker pool: the part ``aggbench grade`` (:mod:`.cli`) and scoring
-(:mod:`aggbench.scoring`) share.
+(:mod:`aggbench.evaluation.score`) share.
 
 A math row holds ``response`` and ``answer`` (a string, a number or a list of acceptable ones); a
 code row holds ``response``, ``tests`` (a list of ``{input, output, testtype}``) and optionally

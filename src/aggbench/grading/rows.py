@@ -1,5 +1,5 @@
 """The per-row checks of rows to grade, shared by ``aggbench grade`` (:mod:`.cli`) and
-``aggbench score`` (:mod:`aggbench.scoring`): a row that would reach a grader with a wrong type
+``aggbench score`` (:mod:`aggbench.evaluation.score`): a row that would reach a grader with a wrong type
 fails here, naming ``file:line: field 'x'`` and what is expected, instead of being graded as wrong
 (or, worse, right) and turned into an accuracy number.
 

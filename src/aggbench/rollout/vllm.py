@@ -14,7 +14,7 @@ ranks of its own DP dimension step in lockstep (an all-reduce of "unfinished req
 engine step, ``LLMEngine.has_unfinished_requests_dp``) and deadlock unless every rank calls
 ``generate`` together, the same number of times. The trainer's ranks do not: under dynamic sampling
 each rank refills its own zero-variance groups, and with ``rollout.seed_per_prompt`` each group is
-one call, so the counts differ from rank to rank (measured in ``tests/distributed/test_fsdp.py``).
+one call, so the counts differ from rank to rank (measured in ``tests/train/test_fsdp.py``).
 With ``data_parallel_size`` 1 the ranks form vLLM's "external DP" dimension, which its code
 describes as "every dp rank can generate independently (in verl integration)": verl's layout.
 The data is split outside vLLM: each rank generates its own prompt groups (``parallel.my_groups``).

@@ -1,0 +1,259 @@
+"""``aggbench generate`` / ``score`` / ``evaluate``: the command lines of :mod:`aggbench.evaluation.generate`.
+
+Thin on purpose: options are parsed here, the work is in :mod:`aggbench.evaluation.generate` (importing this
+module imports neither torch nor mlflow).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import click
+
+from aggbench.cli.common import (
+    checkpoint_option,
+    click_errors,
+    dir_option,
+    in_file_option,
+    model_options,
+    options,
+    out_dir_option,
+    out_file_option,
+    quiet_option,
+    timeout_option,
+    workers_option,
+)
+
+
+class _ClickHandler(logging.Handler):
+    """Log records to the current stderr through click (works under CliRunner too)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(self.format(record), err=True)
+
+
+def _setup_logging(quiet: bool) -> None:
+    logger = logging.getLogger("aggbench")
+    if not any(isinstance(h, _ClickHandler) for h in logger.handlers):
+        handler = _ClickHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+    if quiet:
+        import os
+
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        try:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except ImportError:
+            pass
+
+
+def _split(value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise click.BadParameter("give at least one benchmark name, e.g. math500,aime24")
+    return names
+
+
+# The options shared by ``generate`` and ``evaluate``.
+generation_options = options(
+    checkpoint_option("Model directory (save_pretrained); step 0 = the base model."),
+    click.option(
+        "--benchmarks",
+        required=True,
+        callback=lambda c, p, v: _split(v),
+        help="Comma-separated benchmark names or YAML paths (configs/benchmarks).",
+    ),
+    click.option(
+        "--engine",
+        type=click.Choice(["hf", "vllm"]),
+        default="hf",
+        show_default=True,
+        help="hf: transformers generate (CPU/GPU); vllm: needs the `gpu` extra.",
+    ),
+    click.option("--limit", type=click.IntRange(min=1), default=None, help="First N problems only."),
+    click.option("--n", "n", type=click.IntRange(min=1), default=None, help="Samples per problem [YAML]."),
+    click.option(
+        "--temperature",
+        type=click.FloatRange(min=0),
+        default=None,
+        help="Sampling temperature [YAML]; 0 = greedy.",
+    ),
+    click.option(
+        "--top-p",
+        type=click.FloatRange(min=0, max=1, min_open=True),
+        default=None,
+        help="Nucleus sampling [YAML].",
+    ),
+    click.option(
+        "--max-tokens", type=click.IntRange(min=1), default=None, help="Max new tokens per response [YAML]."
+    ),
+    click.option("--seed", type=int, default=0, show_default=True, help="Base sampling seed."),
+    click.option(
+        "--batch-size",
+        type=click.IntRange(min=1),
+        default=64,
+        show_default=True,
+        help="Sequences per generate call (hf).",
+    ),
+    click.option(
+        "--tensor-parallel-size",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="GPUs one vLLM engine spans (--engine vllm); the generate rule passes its job's gpus.",
+    ),
+    model_options,
+    quiet_option(),
+)
+
+
+def _options(kw: dict[str, Any]):
+    from aggbench.evaluation.generate import GenerateOptions
+
+    return GenerateOptions(
+        engine=kw["engine"],
+        limit=kw["limit"],
+        n=kw["n"],
+        temperature=kw["temperature"],
+        top_p=kw["top_p"],
+        max_tokens=kw["max_tokens"],
+        seed=kw["seed"],
+        system_prompt=kw["system_prompt"],
+        enable_thinking=kw["enable_thinking"],
+        chat_template=kw["chat_template"],
+        batch_size=kw["batch_size"],
+        tensor_parallel_size=kw["tensor_parallel_size"],
+        device=kw["device"],
+        dtype=kw["dtype"],
+        data_dir=kw["data_dir"],
+        progress=not kw["quiet"],
+    )
+
+
+@click.command(name="generate")
+@generation_options
+@out_dir_option("Writes OUT/{benchmark}.jsonl and OUT/generation.json.")
+@click_errors
+def generate_command(checkpoint: Path, benchmarks: list[str], out: Path, **kw: Any) -> None:
+    """Sample a checkpoint on benchmarks (the model is loaded once for all of them)."""
+    from aggbench.evaluation.generate import generate_benchmarks
+
+    _setup_logging(kw["quiet"])
+    info = generate_benchmarks(checkpoint, benchmarks, out, _options(kw))
+    if not kw["quiet"]:
+        for name, b in info["benchmarks"].items():
+            click.echo(
+                f"{name}: {b['n_problems']} problems x {b['n_samples']} -> {out / b['file']}", err=True
+            )
+
+
+@click.command(name="score")
+@click.option("--benchmark", required=True, help="Benchmark name or YAML path (its grader is used).")
+@in_file_option("--samples", help="The samples JSONL written by `aggbench generate`.")
+@out_file_option("--out", help="Graded samples JSONL; the metrics go next to it as NAME.metrics.json.")
+@workers_option
+@timeout_option
+@quiet_option("No progress bar or summary line.")
+@click_errors
+def score_command(
+    benchmark: str, samples: Path, out: Path, workers: int | None, timeout_s: float | None, quiet: bool
+) -> None:
+    """Grade one benchmark's samples and compute its metrics."""
+    from aggbench.evaluation.generate import metrics_path, score_benchmark
+
+    _setup_logging(quiet)
+    metrics = score_benchmark(
+        benchmark, samples, out, workers=workers, timeout_s=timeout_s, progress=not quiet
+    )
+    if not quiet:
+        click.echo(_summary_line(metrics) + f" -> {metrics_path(out)}", err=True)
+
+
+def _summary_line(m: dict[str, Any]) -> str:
+    n = m["n_samples"]
+    text = f"{m['benchmark']}: avg@{n} {m[f'avg@{n}']:.4f} [{m['ci_low']:.4f}, {m['ci_high']:.4f}]"
+    text += f", pass@1 {m['pass@1']:.4f}" + (f", pass@{n} {m[f'pass@{n}']:.4f}" if n > 1 else "")
+    if f"maj@{n}" in m:
+        text += f", maj@{n} {m[f'maj@{n}']:.4f}"
+    text += f" ({m['n_problems']} problems)"
+    return text + (" [public tests only]" if m.get("public_tests_only") else "")
+
+
+@click.command(name="evaluate")
+@generation_options
+@out_dir_option("Graded samples, metrics and evaluation.json (e.g. results/runs/CELL/eval/step_N).")
+@dir_option("--samples-out", help="Where the raw samples go [OUT/samples].", required=False)
+@click.option(
+    "--step",
+    type=click.IntRange(min=0),
+    required=True,
+    help="Training step of the checkpoint (0 = the base model).",
+)
+@dir_option(
+    "--run-dir",
+    help="The cell's run directory [RUN for a checkpoint RUN/checkpoints/step_N].",
+    required=False,
+)
+@click.option("--cell-id", default=None, help="The cell's id [the run directory's name].")
+@click.option(
+    "--tracking-uri",
+    default=None,
+    help="MLflow tracking URI [$MLFLOW_TRACKING_URI, else sqlite under results/].",
+)
+@click.option("--experiment", default="aggbench", show_default=True, help="MLflow experiment.")
+@click.option("--tracking/--no-tracking", default=True, show_default=True, help="Log to MLflow.")
+@workers_option
+@click_errors
+def evaluate_command(
+    checkpoint: Path,
+    benchmarks: list[str],
+    out: Path,
+    samples_out: Path | None,
+    step: int,
+    run_dir: Path | None,
+    cell_id: str | None,
+    tracking_uri: str | None,
+    experiment: str,
+    tracking: bool,
+    workers: int | None,
+    **kw: Any,
+) -> None:
+    """generate + score + log to MLflow, for one checkpoint."""
+    from aggbench.evaluation.generate import EvaluationError, evaluate_checkpoint, infer_run_dir
+
+    _setup_logging(kw["quiet"])
+    inferred = infer_run_dir(checkpoint)
+    if inferred is not None and inferred[1] != step:
+        raise EvaluationError(f"--step {step} but the checkpoint is {checkpoint} (step {inferred[1]})")
+    if run_dir is None and inferred is not None:
+        run_dir = inferred[0]
+    result = evaluate_checkpoint(
+        checkpoint,
+        benchmarks,
+        out,
+        step,
+        options=_options(kw),
+        samples_dir=samples_out,
+        workers=workers,
+        run_dir=run_dir,
+        cell_id=cell_id,
+        tracking_uri=tracking_uri,
+        experiment=experiment,
+        track=tracking,
+    )
+    if not kw["quiet"]:
+        for metrics in result["metrics"].values():
+            click.echo(_summary_line(metrics), err=True)
+        if "mlflow" in result:
+            ml = result["mlflow"]
+            click.echo(
+                f"MLflow run {ml['run_id']} ({ml['cell_id']}) step {step}: logged {len(ml['logged'])} "
+                f"metrics, {len(ml['skipped'])} already there",
+                err=True,
+            )

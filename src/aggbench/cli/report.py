@@ -1,0 +1,173 @@
+"""`aggbench ingest` (run files -> MLflow) and `aggbench report` (MLflow -> tables, plots).
+
+    aggbench ingest --config configs/smoke.yaml [--cell ID ...]
+    aggbench report --config configs/smoke.yaml [--out results/tables] [--metric avg@n]
+                    [--allow-mismatch] [--no-plots]
+
+`report` first checks MLflow against the run files (the source of truth): any value in the
+committed files that MLflow lacks or holds differently is listed and the command exits 1, writing
+nothing, unless --allow-mismatch (then the affected rows are flagged in the tables). It then writes
+OUT/{peak,last}.{md,csv,tex}, OUT/values.csv (the tidy table) and OUT/plots/*.png, and logs them
+as artifacts of the summary MLflow run `{experiment}__summary` (one run, found by its tag, its
+artifacts replaced on every report). Nothing else is written under OUT: it is exactly the
+Snakemake `report` rule's declared outputs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import click
+
+from aggbench.cli.common import click_error, out_dir_option, quiet_option
+
+_SHOW = 40  # problems printed in full before "... and N more"
+
+
+def _load(config: Path) -> dict:
+    from aggbench.grid import GridError, load_experiment
+
+    with click_error(GridError):
+        return load_experiment(config)
+
+
+def _metric(value: str) -> str:
+    """--metric checked as click parses it: a typo fails before the config or MLflow is read."""
+    from aggbench.report.collect import check_metric_name
+
+    try:
+        return check_metric_name(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+_config = click.option(
+    "--config",
+    "config",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Experiment grid (configs/smoke.yaml, configs/paper.yaml).",
+)
+
+
+@click.command("ingest")
+@_config
+@click.option(
+    "--cell", "cell_ids", multiple=True, help="Only this cell id (repeatable; `{model}__base` too)."
+)
+@quiet_option("No progress bar.")
+def ingest_command(config: Path, cell_ids: tuple[str, ...], quiet: bool) -> None:
+    """Put the run files of every cell and base model into MLflow (idempotent).
+
+    Training metrics up to each cell's latest complete checkpoint, and every evaluation's
+    metrics.json at its step. Rerunning it, or running it after live logging, stores nothing twice.
+    """
+    from aggbench.report.ingest import ingest, tracking_uri
+
+    exp = _load(config)
+    with click_error(ValueError):
+        done = ingest(exp, only=cell_ids or None, progress=False if quiet else None)
+    steps = sum(d["steps"] for d in done)
+    evals = sum(d["eval_values"] for d in done)
+    click.echo(
+        f"ingested {len(done)} run(s) into {tracking_uri(exp)} (experiment {exp['experiment']}): "
+        f"{steps} new training step(s), {evals} new evaluation value(s)"
+    )
+
+
+@click.command("report")
+@_config
+@out_dir_option("Output directory [results_dir/tables].", required=False)
+@click.option(
+    "--metric",
+    default="avg@n",
+    show_default=True,
+    callback=lambda ctx, param, value: _metric(value),
+    help="Tabulated metric: avg@n, maj@n, pass@n (n = the benchmark's samples) or e.g. pass@1.",
+)
+@click.option(
+    "--allow-mismatch", is_flag=True, help="Write the tables even if MLflow differs from the files."
+)
+@click.option("--no-plots", is_flag=True, help="Tables only.")
+def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: bool, no_plots: bool) -> None:
+    """Peak and last-step tables (Markdown, CSV, LaTeX) and plots, from MLflow, checked against the files."""
+    from aggbench.grid import results_dir
+    from aggbench.report.ingest import init_store, summarize, tracking_uri, verify
+    from aggbench.report.tables import build_tables, check_reported, collect, write_tables
+
+    exp = _load(config)
+    with click_error(ValueError):
+        check_reported(exp)
+    out = out or results_dir(exp) / "tables"
+    uri = tracking_uri(exp)
+    client = init_store(uri)
+    problems = verify(exp, client)
+    errors = [p for p in problems if p.is_error]
+    for line in summarize([p for p in problems if not p.is_error])[:_SHOW]:
+        click.echo(f"warning: {line}", err=True)
+    if errors:
+        click.echo(f"MLflow ({uri}) disagrees with the run files in {len(errors)} place(s):", err=True)
+        lines = summarize(errors)
+        for line in lines[:_SHOW]:
+            click.echo(f"  {line}", err=True)
+        if len(lines) > _SHOW:
+            click.echo(f"  ... and {len(lines) - _SHOW} more", err=True)
+        if not allow_mismatch:
+            raise click.ClickException(
+                f"MLflow does not match the run files; run `aggbench ingest --config {config}` to fill in "
+                "missing values (a value that differs needs its run deleted from MLflow and re-ingested), "
+                "or pass --allow-mismatch to tabulate what MLflow holds, flagged"
+            )
+    with click_error(ValueError):
+        col = collect(exp, client, metric=metric)
+        tables = build_tables(col, mismatched={p.cell_id for p in errors})
+    paths = write_tables(tables, out, exp["experiment"], col)
+    plots: list[Path] = []
+    if not no_plots:
+        from aggbench.report.plots import plot_all
+
+        plots = plot_all(col, out / "plots")
+    run_id = log_summary(uri, exp["experiment"], paths, plots)
+    for p in [*paths, *plots]:
+        click.echo(str(p))
+    click.echo(f"summary MLflow run {run_id} ({exp['experiment']}__summary)")
+    flagged = sorted({n for t in tables["last"] for n in t.notes})
+    if flagged:
+        click.echo(f"{len(flagged)} row note(s) (missing or unfinished cells), see the footnotes", err=True)
+
+
+def _local_path(uri: str) -> Path | None:
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "" and uri:
+        return Path(uri)
+    return None
+
+
+def log_summary(uri: str, experiment: str, tables: list[Path], plots: list[Path]) -> str:
+    """Log tables and plots to the run ``{experiment}__summary``, replacing its earlier artifacts
+    (deleted first where the artifact store is a local directory; overwritten elsewhere)."""
+    from aggbench.report.ingest import open_run, summary_id
+    from aggbench.tracking import _retry
+
+    run = open_run(uri, experiment, summary_id(experiment), None)  # no marker file under out/
+    client = run.client
+    run.set_tags({"aggbench.kind": "summary"})
+    local = _local_path(client.get_run(run.run_id).info.artifact_uri)
+    if local is not None and local.is_dir():
+        for child in local.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    for p in tables:
+        _retry(client.log_artifact, run.run_id, str(p), "tables")
+    for p in plots:
+        _retry(client.log_artifact, run.run_id, str(p), "plots")
+    _retry(client.set_terminated, run.run_id, "FINISHED")
+    return run.run_id
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(report_command())

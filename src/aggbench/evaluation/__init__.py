@@ -1,0 +1,2 @@
+"""Checkpoint evaluation: generate once per checkpoint, grade, compute metrics, log to MLflow, and
+cross-check against lm-eval."""

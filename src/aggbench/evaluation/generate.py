@@ -1,0 +1,459 @@
+"""Checkpoint evaluation: sample every benchmark with the model loaded once, grade, summarise, log.
+
+The files are the source of truth; MLflow is fed from them::
+
+    SAMPLES/{benchmark}.jsonl         generate: one line per sample (prompt, response, length,
+                                      finish_reason, and the record's answer or tests: scoring
+                                      needs nothing else)
+    SAMPLES/generation.json           generate: model dir, engine, seeds, sampling, timing, tokens/s
+    EVAL/{benchmark}.jsonl            score: every sample plus correct / extracted / reason
+    EVAL/{benchmark}.metrics.json     score: avg@k, pass@k, maj@k, bootstrap CI, lengths, caveats
+
+Every file is written to a temporary name and renamed into place, so a crash never leaves a
+half-written one. torch, transformers and the graders are imported inside the functions that need
+them: importing this module is cheap (the CLI stays fast). Scoring lives in ``aggbench.evaluation.score``
+and the MLflow logging of the metrics in ``aggbench.evaluation.mlflow``; their public names are
+importable from here too.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from aggbench.devices import check_device  # noqa: F401  (crosscheck imports it from here)
+from aggbench.evaluation.mlflow import (  # noqa: F401  (re-exported: callers import them from here)
+    eval_metric_values,
+    log_eval_metrics,
+    mlflow_key,
+)
+from aggbench.evaluation.score import (  # noqa: F401  (re-exported: callers import them from here)
+    EvaluationError,
+    compute_metrics,
+    grade_rows,
+    metric_names,
+    metrics_path,
+    read_jsonl,
+    score_benchmark,
+    write_atomic,
+    write_json,
+    write_jsonl,
+)
+
+log = logging.getLogger(__name__)
+
+# How many times this process has loaded a model for generation (generation.json records it).
+MODEL_LOADS = 0
+# Pool verdicts that say the grader did not judge the answer (used to pick a majority vote's verdict).
+
+
+@dataclass
+class GenerateOptions:
+    """How ``generate`` samples. ``None`` means: take it from the benchmark's YAML (or the default).
+
+    chat_template: None = the benchmark's ``use_chat_template``; True/False force it.
+    tensor_parallel_size: GPUs one vLLM engine spans (vllm only).
+    chunk_prompts: prompts per engine call (None: batch_size // n for hf, all at once for vllm);
+        each call gets seed ``benchmark seed + chunk index``.
+    """
+
+    engine: str = "hf"
+    limit: int | None = None
+    n: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    seed: int = 0
+    system_prompt: str | None = None
+    enable_thinking: bool | None = None
+    chat_template: bool | None = None
+    batch_size: int = 64
+    chunk_prompts: int | None = None
+    device: str | None = None
+    dtype: str = "auto"
+    data_dir: str | None = None
+    progress: bool = True
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size > 1 and self.engine != "vllm":
+            raise EvaluationError(
+                f"--tensor-parallel-size {self.tensor_parallel_size} applies to --engine vllm only "
+                f"(the {self.engine} engine runs on one device): drop it or use --engine vllm"
+            )
+
+
+# --------------------------------------------------------------------------- files
+
+
+def resolve_device(device: str | None) -> str:
+    import torch
+
+    if device in (None, "", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+def load_model(checkpoint: str | Path, *, device: str | None = None, dtype: str = "auto"):
+    """(model in eval mode, tokenizer) from a save_pretrained directory; counted in MODEL_LOADS."""
+    global MODEL_LOADS
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aggbench.modeldir import loading
+
+    device = resolve_device(device)
+    log.info("loading model from %s (%s, %s)", checkpoint, device, resolve_dtype(dtype, device))
+    torch_dtype = getattr(torch, resolve_dtype(dtype, device))
+    with loading(checkpoint, what="checkpoint"):  # a truncated or bad file: one line, no traceback
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch_dtype)
+    model = model.to(device).eval()
+    MODEL_LOADS += 1
+    return model, tokenizer
+
+
+CHECKPOINT_FIX = (
+    "give a save_pretrained model directory: a run's checkpoints/step_N, or one made by "
+    "`aggbench prepare-model NAME --out DIR`"
+)
+
+
+def require_checkpoint(checkpoint: str | Path) -> Path:
+    """``checkpoint`` resolved, if it is a model directory with a readable config.json (else
+    :class:`~aggbench.modeldir.ModelDirError`, one line naming it and the fix)."""
+    from aggbench.modeldir import require_model_dir
+
+    return require_model_dir(Path(checkpoint).resolve(), what="--checkpoint", fix=CHECKPOINT_FIX)
+
+
+def greedy_generate(
+    model: Any, tokenizer: Any, prompts: list[list[int]], *, max_new_tokens: int, batch_size: int = 1
+):
+    """Greedy decoding (argmax at every step), the temperature -> 0 limit of sampling.
+
+    prompts: token ids per prompt. Returns a :class:`~aggbench.rollout.base.Rollouts` with one
+    response per prompt (group = prompt index), decoded by the hf engine's own loop
+    (:meth:`~aggbench.rollout.hf.HFEngine.generate_greedy`). Padding changes floating-point
+    reduction order, so ``batch_size=1`` is the exactly reproducible setting (the lm-eval
+    cross-check uses it).
+    """
+    from aggbench.rollout.hf import HFEngine
+
+    engine = HFEngine(model, tokenizer, batch_size=batch_size)
+    return engine.generate_greedy(prompts, max_new_tokens=max_new_tokens)
+
+
+def benchmark_seed(seed: int, benchmark: str) -> int:
+    """The seed of one benchmark: independent of which other benchmarks run alongside it."""
+    return (seed * 1_000_003 + zlib.crc32(benchmark.encode())) % (2**31)
+
+
+def sampling_for(spec: Any, options: GenerateOptions) -> dict[str, Any]:
+    """The benchmark's YAML sampling with the command-line overrides applied."""
+    s = spec.sampling
+    pick = lambda override, default: default if override is None else override  # noqa: E731
+    return {
+        "n": pick(options.n, s.n),
+        "temperature": pick(options.temperature, s.temperature),
+        "top_p": pick(options.top_p, s.top_p),
+        "max_tokens": pick(options.max_tokens, s.max_tokens),
+    }
+
+
+def prompt_settings(spec: Any, options: GenerateOptions) -> dict[str, Any]:
+    """Keyword arguments of :func:`aggbench.prompts.format_prompt` for one benchmark."""
+    chat = spec.use_chat_template if options.chat_template is None else options.chat_template
+    system = options.system_prompt if options.system_prompt is not None else spec.system_prompt
+    return {"system_prompt": system, "enable_thinking": options.enable_thinking, "chat_template": chat}
+
+
+def format_prompts(
+    spec: Any, records: Sequence[Mapping[str, Any]], tokenizer: Any, settings: Mapping
+) -> tuple:
+    """(prompt texts exactly as the model sees them, their token ids): the trainer's code path."""
+    from aggbench.prompts import encode_prompts, format_prompt
+
+    users = [spec.render_prompt(r) for r in records]
+    texts = [format_prompt(tokenizer, u, **settings) for u in users]
+    return texts, encode_prompts(tokenizer, users, **settings)
+
+
+def record_fields(spec: Any, record: Mapping[str, Any]) -> dict[str, Any]:
+    """What scoring needs from a canonical record (answer and grading options, or the tests)."""
+    if spec.grader.name == "code":
+        return {
+            "tests": record["tests"],
+            "func_name": record.get("func_name"),
+            "starter_code": record.get("starter_code") or "",
+            "public_tests_only": bool(record.get("public_tests_only", False)),
+        }
+    if spec.grader.name == "evalplus":  # the grader reloads the inputs through evalplus
+        return {
+            k: record[k] for k in ("entry_point", "evalplus_dataset", "evalplus_version", "evalplus_hash")
+        }
+    out: dict[str, Any] = {"answer": record["answer"]}
+    if record.get("grading"):
+        out["grading"] = record["grading"]
+    return out
+
+
+def _make_engine(kind: str, checkpoint: Path, options: GenerateOptions):
+    """(engine, model, tokenizer). vLLM loads its own weights from the checkpoint directory, so the
+    HF model is not loaded for it (model is None)."""
+    from aggbench.rollout.base import make_engine
+
+    if kind == "vllm":
+        from transformers import AutoTokenizer
+
+        from aggbench.modeldir import loading
+        from aggbench.rollout.vllm import EVAL_GPU_MEMORY_UTILIZATION
+
+        with loading(checkpoint, what="checkpoint"):
+            tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        try:
+            engine = make_engine(
+                "vllm",
+                None,
+                tokenizer,
+                model_path=str(checkpoint),
+                dtype=resolve_dtype(options.dtype, "cuda"),
+                gpu_memory_utilization=EVAL_GPU_MEMORY_UTILIZATION,
+                tensor_parallel_size=options.tensor_parallel_size,
+                enable_sleep_mode=False,
+                seed=options.seed,
+            )
+        except ImportError as exc:
+            raise EvaluationError(
+                "--engine vllm needs vLLM, which comes with the `gpu` extra: "
+                f"pip install 'aggbench[gpu]' on a CUDA machine (import failed: {exc})"
+            ) from exc
+        return engine, None, tokenizer
+    model, tokenizer = load_model(checkpoint, device=options.device, dtype=options.dtype)
+    return make_engine(kind, model, tokenizer, batch_size=options.batch_size), model, tokenizer
+
+
+def generate_benchmarks(
+    checkpoint: str | Path,
+    benchmarks: Sequence[str],
+    out_dir: str | Path,
+    options: GenerateOptions | None = None,
+) -> dict[str, Any]:
+    """Sample every benchmark from one checkpoint, loading the model once.
+
+    Writes ``out_dir/{benchmark}.jsonl`` for each benchmark and ``out_dir/generation.json``;
+    returns the content of the latter. Temperature 0 means greedy decoding (one decode, copied to
+    the ``n`` samples).
+    """
+    from aggbench.data.benchmarks import load_benchmark, load_benchmark_spec
+
+    options = options or GenerateOptions()
+    checkpoint = require_checkpoint(checkpoint)
+    check_device(options.device)
+    if not benchmarks:
+        raise EvaluationError("give at least one benchmark (--benchmarks A,B,...)")
+    # Everything that can fail on bad input fails before the (slow) model load.
+    specs = [load_benchmark_spec(b) for b in benchmarks]
+    records = [load_benchmark(s, data_dir=options.data_dir, limit=options.limit) for s in specs]
+    for spec, recs in zip(specs, records, strict=True):
+        if not recs:
+            raise EvaluationError(f"benchmark {spec.name}: no records (source {recs.source})")
+    t_start = time.perf_counter()
+    loads_before = MODEL_LOADS
+    engine, model, tokenizer = _make_engine(options.engine, checkpoint, options)
+    load_s = time.perf_counter() - t_start
+    summary: dict[str, Any] = {}
+    for spec, recs in zip(specs, records, strict=True):
+        t0 = time.perf_counter()
+        rows, meta = sample_benchmark(spec, recs, engine, model, tokenizer, options)
+        seconds = time.perf_counter() - t0
+        write_jsonl(Path(out_dir) / f"{spec.name}.jsonl", rows)
+        tokens = sum(r["length"] for r in rows)
+        summary[spec.name] = {
+            "file": f"{spec.name}.jsonl",
+            "spec_version": spec.version,
+            "source": recs.source,
+            "n_problems": len(recs),
+            **meta,
+            "seconds": round(seconds, 3),
+            "generated_tokens": tokens,
+            "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
+            "truncated": sum(r["finish_reason"] == "length" for r in rows),
+            "public_tests_only": recs.public_tests_only,
+        }
+        log.info("%s: %d samples in %.1f s (%d tokens)", spec.name, len(rows), seconds, tokens)
+    info = {
+        "checkpoint": str(checkpoint),
+        "engine": options.engine,
+        "device": resolve_device(options.device) if options.engine == "hf" else "vllm",
+        "dtype": resolve_dtype(options.dtype, resolve_device(options.device)),
+        "seed": options.seed,
+        "model_loads": MODEL_LOADS - loads_before,
+        "model_load_s": round(load_s, 3),
+        "total_s": round(time.perf_counter() - t_start, 3),
+        "options": {k: v for k, v in asdict(options).items() if k not in ("progress", "data_dir")},
+        "benchmarks": summary,
+        "versions": _versions(),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json(Path(out_dir) / "generation.json", info)
+    return info
+
+
+def sample_benchmark(
+    spec: Any,
+    records: Sequence[Mapping[str, Any]],
+    engine: Any,
+    model: Any,
+    tokenizer: Any,
+    options: GenerateOptions,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(one row per sample, settings used) for one benchmark; ``model`` is None for vLLM."""
+    from tqdm.auto import tqdm
+
+    sampling = sampling_for(spec, options)
+    settings = prompt_settings(spec, options)
+    texts, ids = format_prompts(spec, records, tokenizer, settings)
+    n, seed = sampling["n"], benchmark_seed(options.seed, spec.name)
+    greedy = sampling["temperature"] == 0
+    per_call = options.chunk_prompts or (
+        len(ids) if options.engine == "vllm" else max(1, options.batch_size // n)
+    )
+    rows: list[dict[str, Any]] = []
+    show = options.progress and sys.stderr.isatty()
+    with tqdm(total=len(ids), desc=f"generate {spec.name}", unit="prompt", disable=not show) as bar:
+        for c, start in enumerate(range(0, len(ids), per_call)):
+            chunk = ids[start : start + per_call]
+            if greedy and options.engine == "hf":
+                one = greedy_generate(
+                    model,
+                    tokenizer,
+                    chunk,
+                    max_new_tokens=sampling["max_tokens"],
+                    batch_size=options.batch_size,
+                )
+                roll = one.select([i for i in range(len(one)) for _ in range(n)])
+            else:
+                roll = engine.generate(
+                    chunk,
+                    n=n,
+                    temperature=sampling["temperature"],
+                    top_p=sampling["top_p"],
+                    max_new_tokens=sampling["max_tokens"],
+                    seed=seed + c,
+                )
+            for i in range(len(roll)):
+                p = start + i // n
+                rows.append(
+                    {
+                        "benchmark": spec.name,
+                        "id": records[p]["id"],
+                        "sample": i % n,
+                        "prompt": texts[p],
+                        "response": roll.texts[i],
+                        "length": len(roll.response_ids[i]),
+                        "finish_reason": "stop" if roll.finished[i] else "length",
+                        **record_fields(spec, records[p]),
+                    }
+                )
+            bar.update(len(chunk))
+    meta = {
+        "n_samples": n,
+        "sampling": sampling,
+        "decoding": "greedy" if greedy else "sampling",
+        "seed": seed,
+        "chunk_prompts": per_call,
+        "chunk_seeds": "seed + chunk index",
+        "prompt": settings,
+    }
+    return rows, meta
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    from aggbench import __version__
+
+    return {"aggbench": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+# --------------------------------------------------------------------------- evaluate
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    benchmarks: Sequence[str],
+    out_dir: str | Path,
+    step: int,
+    *,
+    options: GenerateOptions | None = None,
+    samples_dir: str | Path | None = None,
+    workers: int | None = None,
+    run_dir: str | Path | None = None,
+    cell_id: str | None = None,
+    tracking_uri: str | None = None,
+    experiment: str = "aggbench",
+    track: bool = True,
+) -> dict[str, Any]:
+    """generate + score every benchmark of one checkpoint, then log to MLflow at ``step``.
+
+    Writes ``out_dir/{benchmark}.jsonl``, ``.metrics.json`` and ``out_dir/evaluation.json``
+    (samples under ``samples_dir``, default ``out_dir/samples``). Returns evaluation.json's content.
+    """
+    options = options or GenerateOptions()
+    out_dir = Path(out_dir)
+    samples_dir = Path(samples_dir) if samples_dir else out_dir / "samples"
+    if track and run_dir is None:
+        raise EvaluationError(
+            "MLflow logging needs the cell's run directory: give --run-dir (or --no-tracking)"
+        )
+    generation = generate_benchmarks(checkpoint, benchmarks, samples_dir, options)
+    metrics = {}
+    for bench in generation["benchmarks"]:
+        metrics[bench] = score_benchmark(
+            bench,
+            samples_dir / f"{bench}.jsonl",
+            out_dir / f"{bench}.jsonl",
+            workers=workers,
+            progress=options.progress,
+        )
+    result: dict[str, Any] = {
+        "checkpoint": generation["checkpoint"],
+        "step": int(step),
+        "samples_dir": str(samples_dir.resolve()),
+        "metrics": metrics,
+    }
+    if track:
+        assert run_dir is not None
+        cell = cell_id or Path(run_dir).resolve().name
+        result["mlflow"] = {
+            "cell_id": cell,
+            **log_eval_metrics(
+                run_dir, cell, step, metrics, tracking_uri=tracking_uri, experiment=experiment
+            ),
+        }
+    write_json(out_dir / "evaluation.json", result)
+    return result
+
+
+def infer_run_dir(checkpoint: str | Path) -> tuple[Path, int] | None:
+    """(run dir, step) for ``RUN/checkpoints/step_N``; None for any other directory (a base model)."""
+    p = Path(checkpoint).resolve()
+    m = re.fullmatch(r"step_(\d+)", p.name)
+    if m and p.parent.name == "checkpoints":
+        return p.parent.parent, int(m.group(1))
+    return None

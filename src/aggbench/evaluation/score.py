@@ -1,0 +1,307 @@
+"""Scoring one benchmark's samples: grade every sample with the benchmark's grader, then metrics.
+
+Split from ``aggbench.evaluation.generate`` (generation) so each module is one idea; ``aggbench score`` and
+``aggbench evaluate`` both come here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from aggbench.files import write_atomic
+
+_NOT_JUDGED = ("timeout", "worker_crashed", "error")
+_CHUNK = 256  # samples per grading call, so the progress bar moves
+
+
+class EvaluationError(ValueError):
+    """Bad input to the evaluator: the message names the file, line and field, and the fix."""
+
+
+def write_jsonl(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """:func:`aggbench.data.jsonl.write_jsonl` (atomic), returning the path."""
+    from aggbench.data.jsonl import write_jsonl as write_rows
+
+    write_rows(path, rows)
+    return Path(path)
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    return write_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path: str | Path, *, required: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Rows of a JSONL file; each must be an object holding ``required`` (errors name file:line)."""
+    return [row for _, row in read_numbered(path, required=required)]
+
+
+def read_numbered(path: str | Path, *, required: Sequence[str] = ()) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, row)`` of every row of a JSONL file (see :func:`read_jsonl`)."""
+    from aggbench.data.jsonl import iter_jsonl  # lazy: the aggbench.data package imports pydantic
+
+    path = Path(path)
+    if not path.is_file():
+        raise EvaluationError(f"{path}: no such file")
+    rows = []
+    for lineno, row in iter_jsonl(path):  # a line that is not a JSON object: DataError (file:line)
+        for key in required:
+            if key not in row:
+                raise EvaluationError(f"{path}:{lineno}: field {key!r} is missing")
+        rows.append((lineno, row))
+    if not rows:
+        raise EvaluationError(f"{path}: no samples in the file")
+    return rows
+
+
+# --------------------------------------------------------------------------- generation
+
+
+def grade_rows(
+    grader: str,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    workers: int | None = None,
+    timeout_s: float | None = None,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """One verdict dict per row: ``correct``, ``extracted``, ``reason`` (+ code: ``n_tests``,
+    ``test_results``, ``error_kind``, ``layers``). math: math-verify in worker processes with a
+    hard deadline; code: the sandbox, from worker processes; tiny: exact match of the last box."""
+    from tqdm.auto import tqdm
+
+    if grader == "tiny":
+        return [_grade_tiny(r["response"], str(r["answer"])) for r in rows]
+    if grader == "evalplus":  # HumanEval+/MBPP+: threads driving sandboxes, ground truth shared
+        from aggbench.grading.evalplus_grader import EvalPlusError
+        from aggbench.grading.evalplus_grader import grade_rows as grade_evalplus_rows
+
+        try:
+            return grade_evalplus_rows(rows, workers=workers)
+        except EvalPlusError as exc:
+            raise EvaluationError(str(exc)) from None
+    from aggbench.grading.batch import grading_pool
+
+    if grader not in ("math", "code"):
+        raise EvaluationError(f"unknown grader {grader!r}; valid: math, code, tiny, evalplus")
+    pool, per_test = grading_pool(grader, workers=workers, timeout_s=timeout_s)
+    out: list[dict[str, Any]] = []
+    show = progress and sys.stderr.isatty()
+    with pool, tqdm(total=len(rows), desc=f"grade {grader}", unit="sample", disable=not show) as bar:
+        for start in range(0, len(rows), _CHUNK):
+            batch = rows[start : start + _CHUNK]
+            if grader == "math":
+                out.extend(_grade_math(batch, pool))
+            else:
+                out.extend(_grade_code(batch, pool, per_test))
+            bar.update(len(batch))
+    return out
+
+
+def _grade_tiny(response: str, answer: str) -> dict[str, Any]:
+    from aggbench.tiny.task import extract_boxed, task_reward
+
+    extracted = extract_boxed(response)
+    correct = task_reward(response, answer) > 0
+    reason = "exact_match" if correct else ("no_answer" if extracted is None else "mismatch")
+    return {"correct": correct, "extracted": extracted, "reason": reason}
+
+
+def _grade_math(rows: Sequence[Mapping[str, Any]], pool: Any) -> list[dict[str, Any]]:
+    from aggbench.grading.batch import grade_math_rows
+    from aggbench.grading.rows import math_options
+
+    options = [math_options(r) for r in rows]
+    return [v.to_dict() for v in grade_math_rows(rows, pool, options)]
+
+
+def _grade_code(rows: Sequence[Mapping[str, Any]], pool: Any, per_test: float) -> list[dict[str, Any]]:
+    from aggbench.grading.batch import grade_code_rows
+    from aggbench.grading.rows import decode_tests
+
+    coded = [{**r, "tests": decode_tests(r)} for r in rows]  # a JSON string (LiveCodeBench) -> list
+    out = []
+    for res in grade_code_rows(coded, pool, per_test):
+        tests = res.get("tests") or []
+        failed = next((t for t in tests if not t.get("passed")), None)
+        kind = failed["error_kind"] if failed else None
+        if not res.get("correct") and kind is None:  # no code, or the pool's own failure
+            kind = str(res.get("reason", "")).split(":", 1)[0] or "error"
+        out.append(
+            {
+                "correct": bool(res.get("correct")),
+                "extracted": res.get("extracted"),
+                "reason": str(res.get("reason", "")),
+                "n_tests": res.get("n_tests"),
+                "test_results": tests,
+                "error_kind": kind,
+                "layers": res.get("layers", {}),
+            }
+        )
+    return out
+
+
+_METRIC = re.compile(r"^(avg|pass|maj)@([1-9][0-9]*)$")
+
+
+def metric_names(grader: str, n: int, spec_metrics: Sequence[str] = ()) -> list[str]:
+    """avg@n, pass@1, pass@n, maj@n (not for code), plus the spec's metrics whose k fits in n."""
+    code = grader in ("code", "evalplus")  # no majority vote over programs
+    names = [f"avg@{n}", "pass@1", f"pass@{n}"] + ([f"maj@{n}"] if not code else [])
+    for m in spec_metrics:
+        match = _METRIC.match(m)
+        if match and int(match.group(2)) <= n and not (code and match.group(1) == "maj"):
+            names.append(m)
+    return list(dict.fromkeys(names))
+
+
+def compute_metrics(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    grader: str,
+    spec_metrics: Sequence[str] = (),
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Metrics of one benchmark's graded samples (``id``, ``sample``, ``correct``, ``extracted``).
+
+    avg@k uses each problem's first k samples; pass@k is the unbiased estimator over all n;
+    maj@k votes among the first k raw extracted answers (ties: the first to appear; answers are
+    compared as written, so ``0.5`` and ``1/2`` do not pool) and takes the verdict of that answer's
+    first sample that the grader actually judged (not a timeout or a crash). ``n_samples`` is the
+    number of samples per problem; ``ci_low``/``ci_high`` bound avg@n (bootstrap over problems).
+    """
+    import numpy as np
+
+    from aggbench.evaluation.metrics import bootstrap_ci, summarize
+
+    problems: dict[Any, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        problems.setdefault(r["id"], []).append(r)
+    ordered = [sorted(v, key=lambda r: r.get("sample", 0)) for v in problems.values()]
+    n = min(len(v) for v in ordered)
+    names = metric_names(grader, n, spec_metrics)
+    flat = [r for v in ordered for r in v]
+    out = summarize(flat, metrics=[m for m in names if not m.startswith("maj@")], n_boot=n_boot, seed=seed)
+    for m in (m for m in names if m.startswith("maj@")):
+        k = int(m.split("@")[1])
+        scores = np.array([_majority_correct(v[:k]) for v in ordered])
+        out[m] = float(scores.mean())
+        out[f"{m}_ci"] = list(bootstrap_ci(scores, n_boot=n_boot, seed=seed))
+    lengths = [r["length"] for r in flat if isinstance(r.get("length"), int)]
+    reasons = [r["finish_reason"] for r in flat if r.get("finish_reason") is not None]
+    out.update(
+        {
+            "metrics": names,
+            "n_responses": len(flat),
+            "n_correct": int(sum(bool(r["correct"]) for r in flat)),
+            "ci_low": out[f"avg@{n}_ci"][0],
+            "ci_high": out[f"avg@{n}_ci"][1],
+            "mean_length": float(np.mean(lengths)) if lengths else None,
+            "truncation_rate": float(np.mean([x == "length" for x in reasons])) if reasons else None,
+        }
+    )
+    return out
+
+
+def _majority_correct(samples: Sequence[Mapping[str, Any]]) -> float:
+    from aggbench.evaluation.metrics import majority_answer
+
+    winner = majority_answer([s.get("extracted") for s in samples])
+    if winner is None:
+        return 0.0
+    same = [s for s in samples if s.get("extracted") == winner]
+    judged = [s for s in same if not str(s.get("reason", "")).startswith(_NOT_JUDGED)]
+    return float(bool((judged or same)[0]["correct"]))
+
+
+def score_benchmark(
+    benchmark: str,
+    samples_path: str | Path,
+    out_path: str | Path,
+    *,
+    workers: int | None = None,
+    timeout_s: float | None = None,
+    progress: bool = False,
+    n_boot: int = 1000,
+) -> dict[str, Any]:
+    """Grade ``samples_path`` with the benchmark's grader; write the graded samples to ``out_path``
+    and the metrics to ``<out_path minus .jsonl>.metrics.json``; return the metrics."""
+    from aggbench.data.benchmarks import load_benchmark_spec
+
+    spec = load_benchmark_spec(benchmark)
+    grader = spec.grader.name
+    need = {"code": ("id", "response", "tests"), "evalplus": ("id", "response", "evalplus_dataset")}.get(
+        grader, ("id", "response", "answer")
+    )
+    numbered = read_numbered(samples_path, required=need)
+    check_samples(samples_path, numbered, spec.name, grader)
+    rows = [r for _, r in numbered]
+    t0 = time.perf_counter()
+    verdicts = grade_rows(grader, rows, workers=workers, timeout_s=timeout_s, progress=progress)
+    graded = []
+    for r, v in zip(rows, verdicts, strict=True):
+        base = {k: val for k, val in r.items() if not (grader == "code" and k == "tests")}
+        graded.append({**base, **{k: val for k, val in v.items() if k != "layers"}})
+    try:
+        metrics = compute_metrics(graded, grader=grader, spec_metrics=spec.metrics, n_boot=n_boot)
+    except ValueError as exc:  # the grader contradicts itself (one answer both right and wrong)
+        raise EvaluationError(f"{samples_path}: {exc}") from exc
+    metrics = {
+        "benchmark": spec.name,
+        "grader": grader,
+        **metrics,
+        "grading_s": round(time.perf_counter() - t0, 3),
+        "samples": str(Path(samples_path).resolve()),
+    }
+    if grader == "code":
+        metrics["public_tests_only"] = any(bool(r.get("public_tests_only")) for r in rows)
+        metrics["notes"] = ["public tests only"] if metrics["public_tests_only"] else []
+    if grader in ("code", "evalplus"):
+        metrics["sandbox_layers"] = next((v["layers"] for v in verdicts if v.get("layers")), {})
+    out_path = Path(out_path)
+    write_jsonl(out_path, graded)
+    write_json(metrics_path(out_path), metrics)
+    return metrics
+
+
+def check_samples(
+    path: str | Path, numbered: Sequence[tuple[int, Mapping[str, Any]]], benchmark: str, grader: str
+) -> None:
+    """Everything about the samples that can be wrong, checked before any grading: each row is
+    from ``benchmark`` and passes the grader's row check (the one ``aggbench grade`` runs:
+    :func:`aggbench.grading.rows.check_row`), ids are strings or integers, and every problem has
+    the same number of samples."""
+    from aggbench.evaluation.metrics import uneven_samples
+    from aggbench.grading.rows import check_row
+
+    for lineno, r in numbered:
+        if r.get("benchmark", benchmark) != benchmark:
+            raise EvaluationError(
+                f"{path}:{lineno}: the sample is from benchmark {r['benchmark']!r}, not {benchmark!r}"
+            )
+        if not isinstance(r["id"], str | int) or isinstance(r["id"], bool):
+            raise EvaluationError(
+                f"{path}:{lineno}: field 'id': expected a string or an integer, got {r['id']!r:.80}"
+            )
+        check_row(path, lineno, r, grader)
+    uneven = uneven_samples(Counter(r["id"] for _, r in numbered))
+    if uneven:
+        raise EvaluationError(
+            f"{path}: {uneven}; regenerate them with `aggbench generate` "
+            "(one run writes n samples for every problem)"
+        )
+
+
+def metrics_path(eval_path: str | Path) -> Path:
+    p = Path(eval_path)
+    return p.with_name((p.name[: -len(".jsonl")] if p.name.endswith(".jsonl") else p.name) + ".metrics.json")
+
+
+# --------------------------------------------------------------------------- MLflow

@@ -1,0 +1,199 @@
+"""Reading a grid's metrics from MLflow for the report (see ``aggbench.report.tables`` for the tables).
+
+``collect`` reads, once, every cell's tabulated evaluation metric and its training curves (through
+``metric_history``, one value per step) and every base model's step-0 evaluation; ``Collected``
+holds them for the tables (``aggbench.report.tables``) and the plots (``aggbench.report.plots``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aggbench.grid import Cell, cells, eval_steps, results_dir, total_steps
+from aggbench.report.ingest import SENTINEL, base_id, find_runs
+from aggbench.tracking import metric_history
+
+TRAIN_KEYS = ("loss/pg", "len/pos_mean", "len/neg_mean", "len/gap", "accuracy", "reward/mean")
+
+
+@dataclass
+class CellData:
+    """One cell's MLflow data. evals: {benchmark: {step: fraction}}; train: {key: {step: value}}."""
+
+    cell: Cell
+    run_id: str | None
+    has_files: bool
+    total: int
+    expected: list[int]
+    evals: dict[str, dict[int, float]] = field(default_factory=dict)
+    train: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    @property
+    def trained_to(self) -> int:
+        return max(self.train.get(SENTINEL, {}), default=0)
+
+    def complete_steps(self, benchmarks: Sequence[str]) -> list[int]:
+        """Evaluation steps at which every benchmark has a value."""
+        steps = set.intersection(*(set(self.evals.get(b, {})) for b in benchmarks)) if benchmarks else set()
+        return sorted(steps)
+
+    def issue(self, benchmarks: Sequence[str]) -> str | None:
+        """Why this cell is missing or unfinished, or None."""
+        if self.run_id is None:
+            why = "run files exist; run `aggbench ingest`" if self.has_files else "no run files either"
+            return f"no MLflow run ({why})"
+        parts = []
+        if self.trained_to < self.total:
+            parts.append(f"trained to step {self.trained_to} of {self.total}")
+        have = self.complete_steps(benchmarks)
+        if not set(self.expected) <= set(have):
+            parts.append(f"evaluated at steps {_steps(have)} of {_steps(self.expected)}")
+        return "; ".join(parts) or None
+
+
+@dataclass
+class Collected:
+    """Everything the tables and plots need, read from MLflow once."""
+
+    exp: dict
+    metric: str  # as shown: avg@4, or avg@n (per benchmark) when n differs
+    benchmarks: list[str]
+    keys: dict[str, str]  # benchmark -> MLflow key of the tabulated metric
+    cells: list[CellData]
+    base: dict[str, dict[str, float]]  # model -> benchmark -> fraction at step 0
+    base_expected: bool
+
+    def blocks(self) -> list[tuple[str, str]]:
+        return list(dict.fromkeys((c.cell.model, c.cell.dataset) for c in self.cells))
+
+    def tidy(self) -> list[dict[str, Any]]:
+        """Every tabulated value read from MLflow, one dict per (cell or base, benchmark, step)."""
+        rows = [
+            {"model": m, "dataset": "", "aggregation": "base", "seed": "", "cell_id": base_id(m), "benchmark": b,
+             "step": 0, "value": v}
+            for m, by_b in self.base.items() for b, v in by_b.items()
+        ]  # fmt: skip
+        for c in self.cells:
+            for b, by_step in c.evals.items():
+                rows += [
+                    {"model": c.cell.model, "dataset": c.cell.dataset, "aggregation": c.cell.aggregation,
+                     "seed": c.cell.seed, "cell_id": c.cell.id, "benchmark": b, "step": t, "value": v}
+                    for t, v in sorted(by_step.items())
+                ]  # fmt: skip
+        return rows
+
+    def rule_cells(self, model: str, dataset: str) -> dict[str, list[CellData]]:
+        """{rule instance: its cells (one per seed)}, in the config's order."""
+        out: dict[str, list[CellData]] = {}
+        for c in self.cells:
+            if (c.cell.model, c.cell.dataset) == (model, dataset):
+                out.setdefault(c.cell.aggregation, []).append(c)
+        return out
+
+
+def _steps(steps: Iterable[int]) -> str:
+    return ", ".join(map(str, steps)) or "none"
+
+
+_REPORT_METRIC = re.compile(r"^(avg|pass|maj)@(n|[1-9][0-9]*)$")
+
+
+def check_metric_name(metric: str) -> str:
+    """``metric`` if ``report --metric`` can tabulate it (avg@n, maj@n, pass@n, or one of them with
+    a number k: pass@1, avg@4); else ValueError listing the valid forms."""
+    if not _REPORT_METRIC.match(metric):
+        raise ValueError(
+            f"unknown metric {metric!r}; use avg@n, maj@n or pass@n (n = the benchmark's samples per "
+            "problem), or avg@K, maj@K, pass@K with a number K (e.g. pass@1)"
+        )
+    return metric
+
+
+def metric_name(benchmark: str, metric: str, exp: dict) -> str:
+    """``avg@n``, ``maj@n``, ``pass@n`` with n = the benchmark's samples per problem (the grid's
+    ``evaluation.n``, else the benchmark's own); any other name (``pass@1``) as it is."""
+    if not metric.endswith("@n"):
+        return metric
+    n = exp.get("evaluation", {}).get("n")
+    if not n:
+        from aggbench.data import load_benchmark_spec
+
+        n = load_benchmark_spec(benchmark).sampling.n
+    return f"{metric[:-2]}@{n}"
+
+
+def metric_key(benchmark: str, metric: str, exp: dict) -> str:
+    """MLflow key of ``metric`` for one benchmark (see ``metric_name``)."""
+    from aggbench.evaluation.mlflow import mlflow_key
+
+    return mlflow_key(benchmark, metric_name(benchmark, metric, exp))
+
+
+def metric_label(benchmarks: Sequence[str], metric: str, exp: dict) -> str:
+    """``avg@4``, or ``avg@n (a: avg@4, b: avg@16)`` when n differs between benchmarks."""
+    names = {b: metric_name(b, metric, exp) for b in benchmarks}
+    if len(set(names.values())) == 1:
+        return next(iter(names.values()))
+    return f"{metric} (" + ", ".join(f"{b}: {m}" for b, m in names.items()) + ")"
+
+
+def collect(
+    exp: dict, client: Any, *, metric: str = "avg@n", train_keys: Sequence[str] = TRAIN_KEYS
+) -> Collected:
+    """Read every cell's and base model's metrics (through ``metric_history``) from MLflow."""
+    benchmarks = list(exp["benchmarks"])
+    check_metric_name(metric)
+    keys = {b: metric_key(b, metric, exp) for b in benchmarks}
+    runs, _ = find_runs(client, exp["experiment"])
+    _check_metric(keys, runs.values())
+    root = results_dir(exp)
+    out = []
+    for c in cells(exp):
+        run = runs.get(c.id)
+        data = CellData(
+            c,
+            run.info.run_id if run else None,
+            (root / "runs" / c.id).is_dir(),
+            total_steps(exp, c.model),
+            eval_steps(exp, c.model),
+        )
+        if run is not None:
+            rid = run.info.run_id
+            data.evals = {b: metric_history(client, rid, k) for b, k in keys.items()}
+            wanted = [
+                SENTINEL,
+                *train_keys,
+                f"agg/{c.aggregation}/weight_pos",
+                f"agg/{c.aggregation}/weight_neg",
+            ]
+            wanted.append(f"agg/{c.aggregation}/weight_ratio")
+            data.train = {k: metric_history(client, rid, k) for k in wanted}
+        out.append(data)
+    base: dict[str, dict[str, float]] = {}
+    for model in exp["models"]:
+        run = runs.get(base_id(model))
+        if run is not None:
+            hist = {b: metric_history(client, run.info.run_id, k) for b, k in keys.items()}
+            base[model] = {b: h[0] for b, h in hist.items() if 0 in h}
+    base_expected = bool(exp.get("evaluation", {}).get("base_model", True))
+    label = metric_label(benchmarks, metric, exp)
+    return Collected(exp, label, benchmarks, keys, out, base, base_expected)
+
+
+def _check_metric(keys: Mapping[str, str], runs: Iterable[Any]) -> None:
+    """A benchmark whose tabulated key no run has, while runs hold other metrics of it, means a
+    wrong --metric (or evaluation.n changed): say which names exist instead of an empty table."""
+    seen: set[str] = set()
+    for r in runs:
+        seen.update(r.data.metrics)
+    for bench, key in keys.items():
+        prefix = f"eval/{bench}/"
+        others = sorted(k[len(prefix) :].replace("_at_", "@") for k in seen if k.startswith(prefix))
+        if key not in seen and others:
+            raise ValueError(
+                f"no run has {key} ({bench}); its metrics in MLflow are: {', '.join(others)}; "
+                "choose one with --metric (avg@n, maj@n and pass@n use the grid's n)"
+            )

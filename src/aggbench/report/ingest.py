@@ -1,0 +1,374 @@
+"""Run files -> MLflow, idempotently, and the check that MLflow still agrees with the files.
+
+The files under ``results/`` are the source of truth::
+
+    results/runs/{cell}/metrics.jsonl                      one row per training step
+    results/runs/{cell}/checkpoints/step_{N}/COMPLETE      steps up to the latest one are committed
+    results/runs/{cell}/eval/step_{N}/{bench}.metrics.json evaluation summary at training step N
+    results/base/{model}/eval/step_0/{bench}.metrics.json  the base model, evaluated once per model
+
+``ingest`` mirrors them into one MLflow run per cell (tag ``aggbench.cell_id``) and one run per
+model for its base evaluation (``{model}__base``), through the same idempotent writers the trainer
+and the evaluator use (``MlflowRun.sync``, ``log_eval_metrics``), so running it twice, or after a
+live-logging job, stores nothing twice. ``verify`` reads MLflow back and lists every value that is
+in the files but missing or different in MLflow.
+
+Training rows past the latest complete checkpoint are not committed (a resume cuts them off and
+trains those steps again), so they are neither ingested nor checked: the trainer's own policy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aggbench.grid import cells, results_dir, total_steps
+from aggbench.tracking import SENTINEL, MetricsLog, MlflowRun, metric_history, resolve_tracking_uri
+
+CELL_TAG = "aggbench.cell_id"
+KIND_TAG = "aggbench.kind"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_METRICS_SUFFIX = ".metrics.json"
+
+
+def base_id(model: str) -> str:
+    """Cell id of a model's base (step 0) evaluation run."""
+    return f"{model}__base"
+
+
+def summary_id(experiment: str) -> str:
+    """Cell id of the report's summary run."""
+    return f"{experiment}__summary"
+
+
+def tracking_uri(exp: dict) -> str:
+    """The grid's MLflow store: config, else $MLFLOW_TRACKING_URI, else results_dir/mlflow.db.
+
+    Computed from the results directory, not from a run directory, so the base runs (under
+    ``results/base``) land in the same store as the cells (``resolve_tracking_uri`` maps only
+    ``results/runs/<cell>`` to ``results/``).
+    """
+    return resolve_tracking_uri(exp.get("tracking_uri"), results_dir(exp).resolve() / "runs" / "_")
+
+
+from aggbench.tracking import init_store  # noqa: E402,F401  (re-exported; lives beside MlflowRun)
+
+# --------------------------------------------------------------------------- run files
+
+
+@dataclass
+class Source:
+    """The run files behind one MLflow run: a grid cell or a model's base evaluation."""
+
+    cell_id: str
+    run_dir: Path
+    kind: str  # "cell" | "base"
+    tags: dict[str, str] = field(default_factory=dict)
+    total_steps: int = 0
+
+    def rows(self) -> list[dict[str, Any]]:
+        return MetricsLog(self.run_dir / "metrics.jsonl").read()
+
+    def committed_step(self, rows: Sequence[dict[str, Any]]) -> int:
+        """The latest training step whose metrics are final (see the module docstring)."""
+        done = complete_steps(self.run_dir)
+        if done:
+            return done[-1]
+        # No checkpoint left (deleted after training): only a run that reached its last step counts.
+        if rows and int(rows[-1]["step"]) >= self.total_steps:
+            return int(rows[-1]["step"])
+        return 0
+
+    def evals(self) -> dict[int, dict[str, dict[str, Any]]]:
+        """{step: {benchmark: metrics.json content}} of every evaluation on disk."""
+        out: dict[int, dict[str, dict[str, Any]]] = {}
+        root = self.run_dir / "eval"
+        if not root.is_dir():
+            return out
+        for d in sorted(root.iterdir()):
+            m = _STEP_DIR.match(d.name)
+            if not (m and d.is_dir()):
+                continue
+            for f in sorted(d.glob(f"*{_METRICS_SUFFIX}")):
+                if f.name.startswith("."):
+                    continue
+                try:
+                    content = json.loads(f.read_text())
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{f}: not valid JSON ({exc.msg}); re-run its grade job") from None
+                out.setdefault(int(m.group(1)), {})[f.name[: -len(_METRICS_SUFFIX)]] = content
+        return out
+
+
+def complete_steps(run_dir: Path) -> list[int]:
+    """Steps with a complete checkpoint (``checkpoints/step_N/COMPLETE``), ascending.
+
+    Same rule as ``aggbench.train.checkpoint.complete_steps``, restated here so that reading run files
+    does not import torch.
+    """
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(
+        int(m.group(1))
+        for d in root.iterdir()
+        if (m := _STEP_DIR.match(d.name)) and (d / "COMPLETE").exists()
+    )
+
+
+def sources(exp: dict) -> list[Source]:
+    """Every MLflow run the grid has files for, or should have: cells, then base models."""
+    root = results_dir(exp)
+    out = [
+        Source(
+            c.id,
+            root / "runs" / c.id,
+            "cell",
+            {
+                CELL_TAG: c.id,
+                KIND_TAG: "cell",
+                "model": c.model,
+                "dataset": c.dataset,
+                "aggregation": c.aggregation,
+                "seed": str(c.seed),
+            },
+            total_steps(exp, c.model),
+        )
+        for c in cells(exp)
+    ]
+    if exp.get("evaluation", {}).get("base_model", True):
+        for model in exp["models"]:
+            tags = {CELL_TAG: base_id(model), KIND_TAG: "base", "model": model}
+            out.append(Source(base_id(model), root / "base" / model, "base", tags, 0))
+    return out
+
+
+# --------------------------------------------------------------------------- ingest
+
+
+def open_run(uri: str, experiment: str, cell_id: str, run_dir: Path | None) -> MlflowRun:
+    """``MlflowRun``, dropping a ``mlflow_run.json`` that names a run the store no longer has
+    (the database was deleted and is being rebuilt from the files, or the run was deleted);
+    ``run_dir=None``: no marker file, the run is found by its tag."""
+    run = MlflowRun(uri, experiment, cell_id, run_dir)
+    try:
+        alive = run.client.get_run(run.run_id).info.lifecycle_stage == "active"
+    except Exception:  # RESOURCE_DOES_NOT_EXIST
+        alive = False
+    if not alive:
+        if run_dir is not None:
+            (Path(run_dir) / "mlflow_run.json").unlink(missing_ok=True)
+        run = MlflowRun(uri, experiment, cell_id, run_dir)
+    return run
+
+
+def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
+    """Mirror one source's files into its MLflow run; returns what was logged."""
+    from aggbench.evaluation.generate import log_eval_metrics
+
+    run = open_run(uri, experiment, src.cell_id, src.run_dir)
+    have = run.client.get_run(run.run_id).data.tags
+    changed = {k: v for k, v in src.tags.items() if have.get(k) != v}
+    if changed:
+        run.set_tags(changed)
+    rows = src.rows()
+    steps = run.sync(rows, upto=src.committed_step(rows)) if rows else 0
+    eval_values = 0
+    for step, by_bench in sorted(src.evals().items()):
+        res = log_eval_metrics(
+            src.run_dir, src.cell_id, step, by_bench, tracking_uri=uri, experiment=experiment
+        )
+        eval_values += len(res["logged"])
+    return {
+        "cell_id": src.cell_id,
+        "run_id": run.run_id,
+        "steps": steps,
+        "eval_values": eval_values,
+        "tags": len(changed),
+    }
+
+
+def ingest(
+    exp: dict, *, only: Sequence[str] | None = None, progress: bool | None = None
+) -> list[dict[str, Any]]:
+    """Ingest every source with files on disk (``only``: these cell ids). ``progress=None``: a bar
+    when stderr is a terminal. Returns one summary dict per ingested source."""
+    from tqdm.auto import tqdm
+
+    todo = [s for s in sources(exp) if s.run_dir.is_dir()]
+    if only:
+        known = {s.cell_id for s in sources(exp)}
+        unknown = sorted(set(only) - known)
+        if unknown:
+            raise ValueError(
+                f"--cell {', '.join(unknown)}: not in this grid; known: {', '.join(sorted(known))}"
+            )
+        todo = [s for s in todo if s.cell_id in set(only)]
+    uri = tracking_uri(exp)
+    init_store(uri)
+    out = []
+    bar = tqdm(todo, desc="ingest", unit="run", disable=None if progress is None else not progress)
+    for src in bar:
+        bar.set_postfix_str(src.cell_id)
+        out.append(ingest_source(src, uri, exp["experiment"]))
+    return out
+
+
+# --------------------------------------------------------------------------- verify
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A disagreement between the run files and MLflow. ``kind``: no_run, missing, different
+    (errors: the files hold something MLflow lacks), extra (a warning: MLflow holds a training
+    step that the committed files do not, e.g. rows cut off by a resume) or duplicate_runs (a
+    warning: several runs carry one cell's tag; readers use the earliest)."""
+
+    cell_id: str
+    kind: str
+    key: str = ""
+    step: int | None = None
+    in_files: float | None = None
+    in_mlflow: float | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return self.kind in ("no_run", "missing", "different")
+
+    def __str__(self) -> str:
+        where = (
+            f"{self.cell_id}"
+            + (f" {self.key}" if self.key else "")
+            + (f" @ step {self.step}" if self.step is not None else "")
+        )
+        if self.kind == "no_run":
+            return f"{where}: run files exist but MLflow has no run tagged {CELL_TAG}={self.cell_id}"
+        if self.kind == "missing":
+            return f"{where}: {self.in_files!r} in the files, missing in MLflow"
+        if self.kind == "different":
+            return f"{where}: {self.in_files!r} in the files, {self.in_mlflow!r} in MLflow"
+        if self.kind == "duplicate_runs":
+            return f"{self.cell_id}: {self.key}; the earliest is read"
+        return f"{where}: in MLflow ({self.in_mlflow!r}) but not in the committed run files"
+
+
+def summarize(problems: Sequence[Problem], *, each: int = 5) -> list[str]:
+    """One line per problem, except that a cell with more than ``each`` problems of one kind gets
+    one line saying how many, at which steps, and a few of the keys."""
+    groups: dict[tuple[str, str], list[Problem]] = {}
+    for p in problems:
+        groups.setdefault((p.cell_id, p.kind), []).append(p)
+    lines = []
+    what = {
+        "missing": "values in the files are missing in MLflow",
+        "different": "values differ between the files and MLflow",
+        "extra": "training steps are in MLflow but not in the committed files",
+    }
+    for (cid, kind), ps in groups.items():
+        if len(ps) <= each or kind not in what:
+            lines += [str(p) for p in ps]
+            continue
+        steps = ", ".join(str(s) for s in sorted({p.step for p in ps if p.step is not None}))
+        if kind == "different":  # the first values, as files vs MLflow
+            eg = "; ".join(f"{p.key} @ {p.step}: {p.in_files!r} vs {p.in_mlflow!r}" for p in ps[:2]) + "; ..."
+        else:
+            keys = sorted({p.key for p in ps})
+            eg = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
+        lines.append(f"{cid}: {len(ps)} {what[kind]} at step(s) {steps} ({eg})")
+    return lines
+
+
+def find_runs(client: Any, experiment: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """({cell id: its MLflow run}, {cell id: number of runs when more than one}).
+
+    With several runs for one cell (created concurrently by hand), the earliest wins, as in
+    ``MlflowRun``.
+    """
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return {}, {}
+    found: dict[str, list[Any]] = {}
+    token = None
+    while True:
+        page = client.search_runs([exp.experiment_id], max_results=1000, page_token=token)
+        for r in page:
+            cid = r.data.tags.get(CELL_TAG)
+            if cid:
+                found.setdefault(cid, []).append(r)
+        token = page.token
+        if not token:
+            break
+    runs = {cid: min(rs, key=lambda r: r.info.start_time) for cid, rs in found.items()}
+    return runs, {cid: len(rs) for cid, rs in found.items() if len(rs) > 1}
+
+
+def _same(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return a == b or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _numeric(row: dict[str, Any]) -> dict[str, float]:
+    """The values of a metrics row that ``MlflowRun.sync`` logs."""
+    return {
+        k: float(v)
+        for k, v in row.items()
+        if k not in ("step", "time", SENTINEL) and isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
+def _compare(cid: str, expected: dict[str, dict[int, float]], client: Any, run_id: str) -> list[Problem]:
+    out = []
+    for key, by_step in sorted(expected.items()):
+        hist = metric_history(client, run_id, key)
+        for step, value in sorted(by_step.items()):
+            if step not in hist:
+                out.append(Problem(cid, "missing", key, step, value))
+            elif not _same(value, hist[step]):
+                out.append(Problem(cid, "different", key, step, value, hist[step]))
+    return out
+
+
+def verify_source(src: Source, client: Any, run: Any | None) -> list[Problem]:
+    """Every value in ``src``'s committed files that MLflow lacks or holds differently."""
+    from aggbench.evaluation.generate import eval_metric_values
+
+    rows = src.rows()
+    committed = src.committed_step(rows)
+    expected: dict[str, dict[int, float]] = {}
+    for row in rows:
+        if int(row["step"]) <= committed:
+            for k, v in _numeric(row).items():
+                expected.setdefault(k, {})[int(row["step"])] = v
+    for step, by_bench in src.evals().items():
+        for bench, metrics in by_bench.items():
+            for k, v in eval_metric_values(bench, metrics).items():
+                expected.setdefault(k, {})[step] = v
+    if not expected:
+        return []
+    if run is None:
+        return [Problem(src.cell_id, "no_run")]
+    problems = _compare(src.cell_id, expected, client, run.info.run_id)
+    file_steps = {int(r["step"]) for r in rows if int(r["step"]) <= committed}
+    for step, value in metric_history(client, run.info.run_id, SENTINEL).items():
+        if step not in file_steps:
+            problems.append(Problem(src.cell_id, "extra", SENTINEL, step, None, value))
+    return problems
+
+
+def verify(exp: dict, client: Any | None = None) -> list[Problem]:
+    """Check MLflow against every source's files; errors first, then warnings."""
+    client = client or init_store(tracking_uri(exp))
+    runs, dupes = find_runs(client, exp["experiment"])
+    problems = [
+        Problem(cid, "duplicate_runs", f"{n} runs tagged {CELL_TAG}={cid}") for cid, n in dupes.items()
+    ]
+    for src in sources(exp):
+        if src.run_dir.is_dir():
+            problems += verify_source(src, client, runs.get(src.cell_id))
+    return sorted(problems, key=lambda p: (not p.is_error, p.cell_id, p.key, p.step or 0))

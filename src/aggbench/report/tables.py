@@ -1,0 +1,252 @@
+"""MLflow -> peak and last-step tables (Markdown, CSV, LaTeX).
+
+Per model x dataset, rows are the grid's rule instances plus the base model at step 0, columns the
+benchmarks plus their average. A value is the benchmark's headline metric (``avg@n`` unless told
+otherwise) in percent, mean +- sample std (ddof=1) over the seeds that have it; one seed shows no
+std. Steps are training steps. Three tables per block:
+
+* ``peak_per_benchmark``: each benchmark at its own best step, chosen on the seed-mean curve (the
+  step is shown beside each value); the average column averages those per-benchmark peaks.
+* ``peak_best_average``: every benchmark at the single step whose seed-mean benchmark average is
+  best (one step per row).
+* ``last``: every benchmark at the last step that has all benchmarks.
+
+Ties between steps go to the earliest. The best value of each column (rounded as shown) is bold.
+A row whose cells are missing, unfinished (trained to fewer than total_steps, or fewer evaluation
+steps than the grid expects) or disagree with the run files is marked with a dagger and the
+table's footnote names each cell and why; such rows are never dropped. A ``reported:`` block in the
+config ({model: {dataset: {aggregation | "base": {benchmark | "average": percent}}}}) adds the
+paper's numbers; each value then shows its delta (ours - reported, in points).
+
+Files: ``peak.{md,csv,tex}`` hold the two peak tables of every block, ``last.{md,csv,tex}`` the
+last-step table of every block; their CSV is long (one line per row x column), for scripts.
+``values.csv`` is the tidy table everything is computed from: one line per (cell, benchmark, step)
+with the value read from MLflow (a fraction), base models at step 0.
+
+This module assembles the tables; reading MLflow lives in ``aggbench.report.collect`` and the
+Markdown/CSV/LaTeX rendering in ``aggbench.report.render``. Every public name of the three is
+importable from here.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from aggbench.report.collect import (
+    TRAIN_KEYS,
+    CellData,
+    Collected,
+    collect,
+    metric_key,
+    metric_label,
+    metric_name,
+)
+from aggbench.report.ingest import base_id
+from aggbench.report.render import CSV_FIELDS, TIDY_FIELDS, to_csv, to_latex, to_markdown, write_tables
+
+__all__ = [
+    "AVERAGE", "BASE_LABEL", "CSV_FIELDS", "DEFINITIONS", "TIDY_FIELDS", "TRAIN_KEYS", "CellData", "Collected",
+    "Entry", "Row", "Table", "build_tables", "check_reported", "collect", "metric_key", "metric_label",
+    "metric_name", "to_csv", "to_latex", "to_markdown", "write_tables",
+]  # fmt: skip
+
+AVERAGE = "average"
+BASE_LABEL = "base (step 0)"
+DEFINITIONS = {
+    "peak_per_benchmark": "peak: each benchmark at its own best step (@step)",
+    "peak_best_average": "peak: the single step with the best benchmark average",
+    "last": "last evaluated step",
+}
+
+
+@dataclass
+class Entry:
+    """One table cell, in percent. step: the training step the value is from."""
+
+    mean: float | None = None
+    std: float | None = None
+    n: int = 0
+    step: int | None = None
+    reported: float | None = None
+    best: bool = False
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.mean is None or self.reported is None else self.mean - self.reported
+
+
+@dataclass
+class Row:
+    label: str
+    kind: str  # "rule" | "base"
+    entries: dict[str, Entry]
+    step: int | None = None
+    flagged: bool = False
+
+
+@dataclass
+class Table:
+    model: str
+    dataset: str
+    definition: str
+    metric: str
+    columns: list[str]
+    rows: list[Row]
+    notes: list[str]
+    seeds: int
+
+    @property
+    def title(self) -> str:
+        return f"{self.model} / {self.dataset}: {DEFINITIONS[self.definition]}"
+
+
+def _entry(fractions: Sequence[float], step: int | None) -> Entry:
+    if not fractions:
+        return Entry(step=step)
+    pct = [100.0 * v for v in fractions]
+    std = statistics.stdev(pct) if len(pct) > 1 else None
+    return Entry(statistics.fmean(pct), std, len(pct), step)
+
+
+def _argmax(curve: Mapping[int, float]) -> int | None:
+    """The step with the highest value; ties (within float rounding) go to the earliest step."""
+    return max(curve, key=lambda t: (round(curve[t], 9), -t)) if curve else None
+
+
+def _at_step(seeds: Sequence[CellData], benches: Sequence[str], step: int) -> dict[str, Entry]:
+    """Every benchmark and the average at one step, over the seeds that have all benchmarks there."""
+    have = [c for c in seeds if all(step in c.evals.get(b, {}) for b in benches)]
+    entries = {b: _entry([c.evals[b][step] for c in have], step) for b in benches}
+    entries[AVERAGE] = _entry([statistics.fmean(c.evals[b][step] for b in benches) for c in have], step)
+    return entries
+
+
+def _seed_mean_avg(seeds: Sequence[CellData], benches: Sequence[str]) -> dict[int, float]:
+    """{step: mean over seeds (having every benchmark there) of the benchmark average}."""
+    steps = set().union(*(c.complete_steps(benches) for c in seeds)) if seeds else set()
+    return {
+        t: statistics.fmean(
+            statistics.fmean(c.evals[b][t] for b in benches) for c in seeds if t in c.complete_steps(benches)
+        )
+        for t in steps
+    }
+
+
+def _rule_row(
+    definition: str, seeds: Sequence[CellData], benches: Sequence[str]
+) -> tuple[dict[str, Entry], int | None]:
+    if definition == "peak_per_benchmark":
+        entries, best = {}, {}
+        for b in benches:
+            by_step: dict[int, list[float]] = {}
+            for c in seeds:
+                for t, v in c.evals.get(b, {}).items():
+                    by_step.setdefault(t, []).append(v)
+            best[b] = _argmax({t: statistics.fmean(vs) for t, vs in by_step.items()})
+            values = [c.evals[b][best[b]] for c in seeds if best[b] in c.evals.get(b, {})]
+            entries[b] = _entry(values, best[b])
+        full = [
+            c for c in seeds if all(best[b] is not None and best[b] in c.evals.get(b, {}) for b in benches)
+        ]
+        entries[AVERAGE] = _entry(
+            [statistics.fmean(c.evals[b][best[b]] for b in benches) for c in full], None
+        )
+        return entries, None
+    curve = _seed_mean_avg(seeds, benches)
+    step = _argmax(curve) if definition == "peak_best_average" else max(curve, default=None)
+    if step is None:
+        return {b: Entry() for b in [*benches, AVERAGE]}, None
+    return _at_step(seeds, benches, step), step
+
+
+def _reported(exp: dict, model: str, dataset: str, row: str, benches: Sequence[str]) -> dict[str, float]:
+    """The paper's numbers for one row: benchmarks, and the average (given, or of all benchmarks)."""
+    by_model = (exp.get("reported") or {}).get(model) or {}
+    rep = dict((by_model.get(dataset) or {}).get(row) or {})
+    if AVERAGE not in rep and benches and all(b in rep for b in benches):
+        rep[AVERAGE] = statistics.fmean(float(rep[b]) for b in benches)
+    return {k: float(v) for k, v in rep.items()}
+
+
+def check_reported(exp: dict) -> None:
+    """Raise ValueError naming any ``reported:`` key that is not in the grid."""
+    rep = exp.get("reported") or {}
+    aggs = [a["name"] for a in exp["aggregations"]] + ["base"]
+    cols = [*exp["benchmarks"], AVERAGE]
+    problems = []
+    for model, by_ds in rep.items():
+        if model not in exp["models"]:
+            problems.append(f"reported.{model}: unknown model; known: {', '.join(exp['models'])}")
+            continue
+        for ds, by_agg in (by_ds or {}).items():
+            if ds not in exp["datasets"]:
+                problems.append(
+                    f"reported.{model}.{ds}: unknown dataset; known: {', '.join(exp['datasets'])}"
+                )
+                continue
+            for agg, by_b in (by_agg or {}).items():
+                if agg not in aggs:
+                    problems.append(f"reported.{model}.{ds}.{agg}: unknown row; known: {', '.join(aggs)}")
+                    continue
+                for b, v in (by_b or {}).items():
+                    if b not in cols:
+                        problems.append(
+                            f"reported.{model}.{ds}.{agg}.{b}: unknown column; known: {', '.join(cols)}"
+                        )
+                    elif not isinstance(v, int | float) or isinstance(v, bool):
+                        problems.append(f"reported.{model}.{ds}.{agg}.{b}: {v!r} is not a number (percent)")
+    if problems:
+        raise ValueError("invalid `reported:` block:\n  " + "\n  ".join(problems))
+
+
+def build_tables(col: Collected, *, mismatched: Iterable[str] = ()) -> dict[str, list[Table]]:
+    """{"peak": [per-benchmark and best-average table of every block], "last": [...]}.
+
+    mismatched: cell ids whose MLflow data differ from their run files (flagged, not dropped).
+    """
+    check_reported(col.exp)
+    bad = set(mismatched)
+    benches = col.benchmarks
+    columns = [*benches, AVERAGE]
+    out: dict[str, list[Table]] = {"peak": [], "last": []}
+    for model, dataset in col.blocks():
+        groups = col.rule_cells(model, dataset)
+        notes, flagged = [], set()
+        for rule, seeds in groups.items():
+            for c in seeds:
+                why = [w for w in [c.issue(benches)] if w]
+                if c.cell.id in bad:
+                    why.append("MLflow differs from the run files (reported with --allow-mismatch)")
+                if why:
+                    flagged.add(rule)
+                    notes.append(f"{rule}: {c.cell.id}: {'; '.join(why)}")
+        base_vals = col.base.get(model, {})
+        missing_base = [b for b in benches if b not in base_vals]
+        if col.base_expected and missing_base:
+            notes.append(f"base: {base_id(model)}: no step-0 evaluation of {', '.join(missing_base)}")
+        n_seeds = max((len(s) for s in groups.values()), default=0)
+        for definition in DEFINITIONS:
+            rows = []
+            if col.base_expected:
+                entries = {b: _entry([base_vals[b]], 0) if b in base_vals else Entry() for b in benches}
+                entries[AVERAGE] = _entry(
+                    [statistics.fmean(base_vals[b] for b in benches)] if not missing_base else [], 0
+                )
+                rows.append(Row(BASE_LABEL, "base", entries, 0, bool(missing_base)))
+            for rule, seeds in groups.items():
+                entries, step = _rule_row(definition, seeds, benches)
+                rows.append(Row(rule, "rule", entries, step, rule in flagged))
+            for row in rows:
+                rep = _reported(col.exp, model, dataset, "base" if row.kind == "base" else row.label, benches)
+                for k, e in row.entries.items():
+                    e.reported = rep.get(k)
+            for k in columns:
+                shown = [round(r.entries[k].mean, 1) for r in rows if r.entries[k].mean is not None]
+                for r in rows:
+                    e = r.entries[k]
+                    e.best = bool(shown) and e.mean is not None and round(e.mean, 1) == max(shown)
+            table = Table(model, dataset, definition, col.metric, columns, rows, notes, n_seeds)
+            out["last" if definition == "last" else "peak"].append(table)
+    return out

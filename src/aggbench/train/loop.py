@@ -1,0 +1,423 @@
+"""GRPO-style training of one cell, readable top to bottom.
+
+Design decisions, stated first:
+
+1. One process trains one cell, or one *segment* of it (``until_step``) that ends at a checkpoint,
+   so a SLURM walltime bounds a segment, not a 7B run. A run directory is locked while trained.
+2. A step is one rollout batch: sample P prompts -> G responses each -> rewards -> group
+   advantages -> ``mini_batches`` x ``ppo_epochs`` optimiser updates.
+3. The aggregation rule is a weighting of the WHOLE optimiser mini-batch: effective advantages (and
+   the KL/entropy token weights) are computed once per mini-batch, before it is cut into
+   micro-batches; each micro-batch's loss is a plain token sum, so accumulation is exact.
+4. Everything random is a function of (seed, step): the prompts of a step and its sampling seed.
+   Resuming from a checkpoint therefore reproduces the uninterrupted run, on CPU bit for bit.
+5. ``metrics.jsonl`` is the source of truth, one line per finished step, cut back to the
+   checkpoint's step on resume. MLflow receives a step only after the checkpoint containing it
+   committed, through an idempotent sync (``aggbench.tracking``): no step is lost or doubled.
+6. Crash tests inject faults at named points: ``AGGBENCH_FAULT=<point>:<step>`` makes the process
+   die with ``os._exit`` (no cleanup, like a kill) at ``mid_step``, ``after_metrics`` or
+   ``checkpoint_write``.
+7. Under ``torchrun`` every rank runs this same loop on its own share of the step's prompt groups;
+   the weights come from the whole batch (all-gathered), gradients are summed over ranks, and rank 0
+   alone writes metrics, rollouts, MLflow and the run lock (``aggbench.train.parallel`` says how). One
+   process is the special case of one rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aggbench.aggregation import load_plugins, make_instance
+from aggbench.config import TrainConfig, check_resume, dump_config
+from aggbench.data.training import read_training_records
+from aggbench.modeldir import loading, require_weights
+from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_tags
+from aggbench.train import batching, checkpoint, parallel, step_log
+from aggbench.train.advantages import get_advantage
+from aggbench.train.global_batch import gather_minibatch
+from aggbench.train.update import LossSettings, accumulate_gradients, fixed_logprobs, minibatch_weights
+
+log = logging.getLogger("aggbench.train.loop")
+
+
+def fault(point: str, step: int | None = None) -> None:
+    """Crash-test hook: die without cleanup when AGGBENCH_FAULT names this point (and step)."""
+    spec = os.environ.get("AGGBENCH_FAULT", "")
+    if not spec:
+        return
+    name, _, at = spec.partition(":")
+    if name == point and (not at or step is None or int(at) == step):
+        sys.stderr.write(f"AGGBENCH_FAULT: dying at {point} (step {step})\n")
+        sys.stderr.flush()
+        os._exit(17)
+
+
+def _device_and_dtype(cfg: TrainConfig, ranks: parallel.Ranks) -> tuple[torch.device, torch.dtype, Any]:
+    dev = cfg.device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    device = ranks.device or torch.device(dev)
+    if cfg.precision == "fp64":
+        return device, torch.float64, contextlib.nullcontext
+    if cfg.precision == "bf16" and not ranks.fsdp:  # (FSDP: its MixedPrecisionPolicy casts instead)
+        # fp32 master weights and optimizer state; bf16 autocast for forward passes and generation
+        return device, torch.float32, lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return device, torch.float32, contextlib.nullcontext
+
+
+def train(
+    cfg: TrainConfig,
+    out_dir: str | Path,
+    *,
+    until_step: int | None = None,
+    quiet: bool = False,
+    allow_config_change: bool = False,
+) -> dict:
+    """Train ``cfg``'s cell into ``out_dir`` up to ``until_step`` (default: the end). Returns a summary.
+
+    Under torchrun every rank calls this (design decision 7). A run directory is one experiment:
+    resuming it with a config that changes training is refused (``config.check_resume``).
+    """
+    out, a = Path(out_dir), cfg.algorithm
+    # bad input fails here, on every rank, before the run directory, its lock or a model exist
+    resolved = _resolve(cfg)
+    start = checkpoint.latest_resumable(out) or 0
+    if start:
+        check_resume(out, cfg, allow_change=allow_config_change)
+    last = min(until_step or a.total_steps, a.total_steps)
+    records = _check_inputs(cfg, start) if start < last else None
+    ranks = parallel.setup(cfg)
+    try:
+        with parallel.run_lock(out, ranks):  # creates the run directory
+            return _train_locked(cfg, out, last, quiet or not ranks.main, ranks, (*resolved, records))
+    finally:
+        parallel.teardown(ranks)
+
+
+def _resolve(cfg: TrainConfig) -> tuple[list[Path], Any, Any]:
+    """(plugin files, aggregation rule instance, advantage estimator): registry errors come first."""
+    loaded = load_plugins(cfg.plugins, search_paths=[Path.cwd()])
+    # the plugin's source is hashed into the run's tags, so a changed rule is visible in MLflow
+    plugin_files = [Path(f) for m in loaded if (f := getattr(sys.modules.get(m), "__file__", None))]
+    rule = make_instance(cfg.aggregation.name, cfg.aggregation.rule, cfg.aggregation.params or None)
+    if rule.rule == "constant" and rule.params.get("max_length") is None:
+        rule = make_instance(rule.name, rule.rule, {**rule.params, "max_length": cfg.sampling.max_new_tokens})
+    return plugin_files, rule, get_advantage(cfg.advantage.estimator)
+
+
+def _check_inputs(cfg: TrainConfig, start: int) -> list[dict]:
+    """The training records, and model.path where a model loads from it (the policy of a fresh run,
+    the KL reference): DataError / ModelDirError naming the file and the fix."""
+    records = read_training_records(cfg.dataset.path, name=cfg.dataset.name)
+    if not start or cfg.algorithm.kl_coef > 0:
+        fix = f"run `aggbench prepare-model NAME --out {cfg.model.path}` (NAME: tiny, hub id or directory)"
+        require_weights(cfg.model.path, what="model.path", fix=fix)
+    return records
+
+
+def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: parallel.Ranks, prep) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aggbench.rollout import make_engine
+    from aggbench.train.rewards import RewardFn
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    a, s = cfg.algorithm, cfg.sampling
+    plugin_files, rule, estimator, records = prep
+    adv_kwargs = (
+        {"std": cfg.advantage.std, "eps": cfg.advantage.eps} if cfg.advantage.estimator == "grpo" else {}
+    )
+    device, dtype, autocast = _device_and_dtype(cfg, ranks)
+    main = ranks.main
+    if main:
+        dump_config(cfg, out / "config.resolved.yaml")
+        checkpoint.clean_partial(out)
+    ranks.barrier()
+
+    # ---- resume point: the latest complete checkpoint with trainer state
+    start = checkpoint.latest_resumable(out) or 0
+    if start >= last:
+        log.info("%s: already at step %d (asked for %d); nothing to do", cfg.resolved_cell_id, start, last)
+        return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": start}
+    records = records if records is not None else _check_inputs(cfg, start)  # (another job ran)
+    with checkpoint.opening(out, start, cfg.model.path) as model_dir:  # step_N, or model.path
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model = parallel.prepare_model(model, ranks, cfg, device)  # this device; FSDP: sharded
+    model.train()
+    ref_model = None
+    if a.kl_coef > 0:
+        with loading(cfg.model.path, what="model.path"):
+            ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).requires_grad_(False)
+        ref_model = parallel.prepare_model(ref, ranks, cfg, device, trainable=False).eval()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=a.betas, weight_decay=a.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: min(1.0, (k + 1) / a.warmup_steps) if a.warmup_steps else 1.0
+    )
+    if start:  # optimizer (FSDP: and model shards), scheduler, RNG
+        state = parallel.load(out, start, model, optimizer, ranks)
+        scheduler.load_state_dict(state["scheduler"])
+    metrics_log = MetricsLog(out / "metrics.jsonl")
+    if main:
+        metrics_log.truncate_after(start)
+    tracker = None
+    if cfg.tracking.enabled and main:
+        uri = resolve_tracking_uri(cfg.tracking.tracking_uri, out)
+        tracker = MlflowRun(uri, cfg.tracking.experiment, cfg.resolved_cell_id, out)
+        tracker.set_tags(run_tags(cfg, plugin_files))
+        tracker.sync(metrics_log.read(), upto=start)  # fills in steps a crash kept from MLflow
+
+    reward_fn = RewardFn(cfg.dataset.grader)
+    engine = make_engine(
+        cfg.rollout.engine,
+        model,
+        tokenizer,
+        batch_size=cfg.rollout.batch_size,
+        model_path=str(model_dir),
+        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+        tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+        max_model_len=cfg.sampling.max_prompt_tokens + cfg.sampling.max_new_tokens,
+        seed=cfg.seed,
+    )
+    prompt_kw = {
+        "system_prompt": cfg.model.system_prompt,
+        "enable_thinking": cfg.model.enable_thinking,
+        "chat_template": cfg.model.chat_template,
+    }
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    bar = step_log.progress(
+        range(start + 1, last + 1), quiet, cfg.resolved_cell_id, initial=start, total=a.total_steps
+    )
+    try:
+        for step in bar:
+            t0 = time.perf_counter()
+            # ---- 1. rollouts: G samples per prompt (dynamic sampling refills zero-variance groups);
+            # this rank's share of the prompts, group ids = positions in the step's prompt list
+            idx = batching.prompt_indices(len(records), a.prompts_per_step, cfg.seed, step)
+            slots = parallel.my_groups(len(idx), ranks)
+            # vLLM samples from its own copy of the weights: no need to gather the FSDP shards
+            with autocast(), parallel.full_params(model if cfg.rollout.engine == "hf" else None, ranks):
+                roll, recs, rewards, ds_rounds = _rollouts_with_rewards(
+                    cfg, engine, tokenizer, records, idx, slots, step, reward_fn, prompt_kw, ranks.rank
+                )
+            t_gen = time.perf_counter() - t0
+            # ---- 2. rewards -> group advantages (overlong shaping first)
+            lengths = [len(r) for r in roll.response_ids]
+            shaped = [
+                r + p
+                for r, p in zip(
+                    rewards,
+                    batching.soft_overlong_penalty(
+                        lengths, s.max_new_tokens, a.overlong.buffer, a.overlong.penalty
+                    ),
+                    strict=True,
+                )
+            ]
+            gids = torch.tensor(roll.group, dtype=torch.long)
+            adv = estimator(torch.tensor(shaped, dtype=torch.float64), gids, **adv_kwargs)
+            batch = batching.pack(roll, pad_id)
+            mask = batch.response_mask.clone()
+            if a.overlong.filter:  # truncated responses leave the loss entirely (DAPO overlong filter)
+                truncated = torch.tensor([not f for f in roll.finished])
+                mask[truncated] = False
+                adv = torch.where(truncated, torch.zeros_like(adv), adv)
+            # ---- 3. updates: weights of each mini-batch computed once, before micro-batching
+            t1 = time.perf_counter()
+            upd = _update(
+                cfg,
+                ranks,
+                model,
+                ref_model,
+                optimizer,
+                scheduler,
+                batch,
+                mask,
+                adv,
+                gids,
+                rule,
+                autocast,
+                step,
+            )
+            engine.sync_weights(model)  # vLLM: push the updated policy; HF shares the weights
+            t_upd = time.perf_counter() - t1
+            # ---- 4. metrics (source of truth first; whole batch, on rank 0), rollouts, checkpoint, MLflow
+            sample = step_log.rollout_rows(step, roll, recs, rewards, adv, cfg.rollout.save_rollouts)
+            parts = parallel.gather_to_main(
+                (rewards, roll.finished, upd["unit_loss"], sample, ds_rounds), ranks
+            )
+            if main:
+                row = step_log.step_metrics(step, parts, rule, upd, t_gen, t_upd, scheduler)
+                metrics_log.append(row)
+                step_log.save_rollouts(out, step, parts, cfg.rollout.save_rollouts)
+            if step % cfg.checkpoint.every == 0 or step == last:
+                fault("after_metrics", step)
+                state = {"step": step, "scheduler": scheduler.state_dict()}
+                at_step = functools.partial(fault, step=step)
+                parallel.save(out, step, model, tokenizer, optimizer, state, ranks, fault=at_step)
+                if main:
+                    checkpoint.apply_retention(
+                        out, step, cfg.checkpoint.keep_weights, cfg.checkpoint.eval_steps
+                    )
+                if tracker is not None:
+                    tracker.sync(metrics_log.read(), upto=step)
+            if main:
+                step_log.report(bar, quiet, cfg.resolved_cell_id, row, a.total_steps)
+        if tracker is not None and last == a.total_steps:
+            tracker.set_terminated("FINISHED")
+    finally:
+        reward_fn.close()
+    return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": last}
+
+
+def _rollouts_with_rewards(cfg, engine, tokenizer, records, idx, slots, step, reward_fn, prompt_kw, rank):
+    """Generate, grade, and (dynamic sampling) refill zero-variance groups; returns whole groups.
+
+    idx: the step's dataset indices; slots: the positions in ``idx`` this rank samples, which become
+    the (globally unique) group ids of the groups kept, in order. recs: {group id: record}.
+    """
+    from aggbench.prompts import encode_prompts
+    from aggbench.rollout.base import Rollouts
+
+    a, s = cfg.algorithm, cfg.sampling
+    kept, kept_recs, kept_rewards, rounds = [], [], [], 0
+    pending, keys = [idx[j] for j in slots], [("p", j) for j in slots]
+    rng = random.Random(cfg.seed * 7919 + step + 1_000_003 * rank)
+    while True:
+        recs = [records[i] for i in pending]
+        texts = [cfg.dataset.prompt_template.replace("{prompt}", r["prompt"]) for r in recs]
+        ids = encode_prompts(tokenizer, texts, max_tokens=s.max_prompt_tokens, **prompt_kw)
+        roll = _generate(cfg, engine, ids, step, rounds, keys, rank)
+        rewards = reward_fn(roll.texts, [recs[g]["answer"] for g in roll.group])
+        for g in range(len(recs)):
+            rows = [i for i in range(len(roll)) if roll.group[i] == g]
+            r = [rewards[i] for i in rows]
+            if a.dynamic_sampling and min(r) == max(r):
+                continue
+            part = roll.select(rows)
+            part.group = [len(kept)] * len(rows)
+            kept.append(part)
+            kept_recs.append(recs[g])
+            kept_rewards.extend(r)
+        rounds += 1
+        short = len(slots) - len(kept)
+        if not a.dynamic_sampling or short <= 0 or rounds > a.dynamic_sampling_max_rounds:
+            break
+        pending = [rng.randrange(len(records)) for _ in range(short)]
+        keys = [("r", rank, k) for k in range(short)]
+    if a.dynamic_sampling and len(kept) > len(slots):
+        kept, kept_recs = kept[: len(slots)], kept_recs[: len(slots)]
+        kept_rewards = kept_rewards[: len(slots) * a.group_size]
+    if kept:
+        roll, recs, rewards = Rollouts.concat(kept), kept_recs, kept_rewards
+    # else every group had zero variance even after refills: train on the last draw (no signal)
+    roll.group = [slots[g] for g in roll.group]
+    return roll, {slots[g]: rec for g, rec in enumerate(recs)}, rewards, rounds
+
+
+def _generate(cfg, engine, ids, step, rounds, keys, rank):
+    """G samples of each prompt; with ``rollout.seed_per_prompt`` each group on its own seed."""
+    from aggbench.rollout.base import Rollouts
+
+    a, s = cfg.algorithm, cfg.sampling
+    kw = {
+        "n": a.group_size,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "max_new_tokens": s.max_new_tokens,
+    }
+    if not cfg.rollout.seed_per_prompt:
+        return engine.generate(
+            ids, seed=cfg.seed * 1_000_003 + step * 101 + rounds + rank * 7_919_000_003, **kw
+        )
+    parts = []
+    for g, (prompt, key) in enumerate(zip(ids, keys, strict=True)):
+        digest = hashlib.sha256(repr((cfg.seed, step, rounds, key)).encode()).digest()
+        part = engine.generate([prompt], seed=int.from_bytes(digest[:7], "little"), **kw)
+        part.group = [g] * len(part)
+        parts.append(part)
+    return Rollouts.concat(parts)
+
+
+def _update(
+    cfg, ranks, model, ref_model, optimizer, scheduler, batch, mask, adv, gids, rule, autocast, step
+) -> dict:
+    """ppo_epochs x mini_batches optimiser updates on one rollout batch (design decision 3).
+
+    ``batch`` holds this rank's rows (all of them on one process); the weights of every mini-batch
+    come from the whole batch's (lengths, advantages, group ids), all-gathered into ``view``.
+    """
+    a = cfg.algorithm
+    settings = _loss_settings(cfg)
+    with parallel.full_params(model, ranks):
+        old = fixed_logprobs(model, batch, settings, autocast) if a.ppo_epochs * a.mini_batches > 1 else None
+    with parallel.full_params(ref_model, ranks):
+        ref = fixed_logprobs(ref_model, batch, settings, autocast) if ref_model is not None else None
+    view = gather_minibatch(mask.sum(1), adv, gids)  # rows of every rank, rank order
+    view.mask = _widen(view.mask, parallel.max_over_ranks(mask.shape[1], ranks))  # the batch's width
+    row_map = view.row_map()  # position in the view -> this rank's row (-1: another rank's)
+    unit_loss = torch.zeros(mask.shape, dtype=torch.float64)
+    sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0}
+    norms = []
+    for epoch in range(a.ppo_epochs):
+        for mb in batching.split_groups(view.group_ids, a.mini_batches):
+            eff, aux_w = minibatch_weights(
+                rule, view.mask[mb], view.advantages[mb], view.group_ids[mb], a.aux_reduction
+            )  # once, on the whole mini-batch
+            local = torch.nonzero(row_map[mb] >= 0).flatten()  # this rank's part of it
+            owed = parallel.missing_passes(len(local), settings.micro_batch_size, ranks)
+            stats = accumulate_gradients(
+                model,
+                batch,
+                mask,
+                adv,
+                row_map[mb],
+                local,
+                _widen(eff, mask.shape[1]),
+                _widen(aux_w, mask.shape[1]),
+                settings,
+                old=old,
+                ref=ref,
+                autocast=autocast,
+                unit_loss_out=unit_loss if epoch == 0 else None,
+                after_backward=lambda: fault("mid_step", step),
+            )
+            parallel.finish_backward(model, batch, owed, settings, autocast, ranks)  # SUM over ranks
+            norms.append(parallel.clip_grad_norm(model, a.max_grad_norm))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            for k, v in stats.items():
+                sums[k] += v
+    sums = parallel.sum_over_ranks(sums, ranks)
+    return {**sums, "grad_norm": sum(norms), "updates": len(norms), "unit_loss": unit_loss, "view": view}
+
+
+def _widen(x: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, T] -> [B, max(T, width)], zero-padded on the right (weights of padding are zero)."""
+    return torch.nn.functional.pad(x, (0, width - x.shape[1])) if x.shape[1] < width else x
+
+
+def _loss_settings(cfg: TrainConfig) -> LossSettings:
+    a = cfg.algorithm
+    return LossSettings(
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        dual_clip=a.dual_clip,
+        kl_coef=a.kl_coef,
+        entropy_coef=a.entropy_coef,
+        aux_reduction=a.aux_reduction,
+        temperature=cfg.sampling.temperature,
+        micro_batch_size=a.micro_batch_size,
+    )

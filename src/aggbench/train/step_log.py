@@ -1,0 +1,98 @@
+"""What one training step leaves behind: its metrics row (the source of truth, metrics.jsonl),
+the sampled rollouts (rollouts/step_N.jsonl) and the progress line. Split from aggbench.train.loop so
+the loop there reads top to bottom."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aggbench.aggregation.diagnostics import diagnostics
+from aggbench.files import atomic_writer
+
+
+def step_metrics(step, parts, rule, upd, t_gen, t_upd, scheduler) -> dict:
+    """One metrics row of the whole batch; ``parts``: every rank's (rewards, finished, unit loss
+    [b, T], rollout rows, dynamic-sampling rounds) in rank order, the order of ``upd["view"]``."""
+    view = upd["view"]
+    mask, adv, gids = view.mask, view.advantages, view.group_ids
+    unit_loss = torch.zeros(mask.shape, dtype=torch.float64)
+    at = 0
+    for _, _, ul, _, _ in parts:
+        w = min(ul.shape[1], mask.shape[1])
+        unit_loss[at : at + ul.shape[0], :w] = ul[:, :w]
+        at += ul.shape[0]
+    finished = [f for p in parts for f in p[1]]
+    n_upd = max(upd["updates"], 1)
+    r = torch.tensor([x for p in parts for x in p[0]], dtype=torch.float64)
+    tokens = int(mask.sum())
+    row: dict[str, Any] = {"step": step, "time": time.time()}
+    row["reward/mean"] = float(r.mean())
+    row["accuracy"] = float((r > 0.5).double().mean())
+    row["response/truncated_frac"] = 1.0 - sum(finished) / len(finished)
+    row["loss/pg"] = upd["pg_loss"] / n_upd
+    row["loss/kl"] = upd["kl"] / n_upd
+    row["entropy"] = upd["entropy"] / n_upd
+    row["clip_frac"] = upd["clipped"] / max(upd["tokens"], 1.0)
+    row["grad_norm"] = upd["grad_norm"] / n_upd
+    row["lr"] = scheduler.get_last_lr()[0]
+    row["time/generate_s"] = t_gen
+    row["time/update_s"] = t_upd
+    row["tokens_per_s"] = tokens / max(t_gen + t_upd, 1e-9)
+    row["dynamic_sampling/rounds"] = max(p[4] for p in parts)
+    row.update(diagnostics(mask, adv, gids, instances={rule.name: rule}, unit_loss=unit_loss))
+    return row
+
+
+def rollout_rows(step: int, roll, recs, rewards, adv, n: int) -> list[dict]:
+    """The first ``n`` rollouts of this rank as rollouts/step_N.jsonl rows."""
+    rows = []
+    for i in range(min(n, len(roll))):
+        rec = recs[roll.group[i]]
+        rows.append(
+            {
+                "step": step,
+                "group": roll.group[i],
+                "id": rec.get("id"),
+                "prompt": rec["prompt"],
+                "answer": rec["answer"],
+                "response": roll.texts[i],
+                "length": len(roll.response_ids[i]),
+                "finished": roll.finished[i],
+                "reward": rewards[i],
+                "advantage": float(adv[i]),
+            }
+        )
+    return rows
+
+
+def save_rollouts(out: Path, step: int, parts, n: int) -> None:
+    """The first ``n`` rollouts of the step in group order (groups are whole on one rank)."""
+    if n <= 0:
+        return
+    rows = sorted((row for p in parts for row in p[3]), key=lambda row: row["group"])[:n]
+    with atomic_writer(out / "rollouts" / f"step_{step}.jsonl") as fh:  # whole or the old file
+        fh.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+def progress(steps, quiet: bool, cell: str, *, initial: int, total: int):
+    if quiet:
+        return steps
+    from tqdm.auto import tqdm
+
+    return tqdm(steps, desc=cell, initial=initial, total=total, unit="step", dynamic_ncols=True)
+
+
+def report(bar, quiet: bool, cell: str, row: dict, total: int) -> None:
+    msg = (
+        f"reward={row['reward/mean']:.3f} len+={row['len/pos_mean']:.1f} len-={row['len/neg_mean']:.1f} "
+        f"pg={row['loss/pg']:.4f} gen={row['time/generate_s']:.1f}s upd={row['time/update_s']:.1f}s"
+    )
+    if quiet:
+        print(f"[{cell}] step {row['step']}/{total} {msg}", flush=True)
+    else:
+        bar.set_postfix_str(msg)
