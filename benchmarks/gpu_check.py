@@ -67,10 +67,14 @@ def prepare(args: argparse.Namespace, work: Path) -> tuple[Path, Path, int]:
     from transformers import AutoTokenizer
 
     from aggbench.prompts import encode_prompts
-    from aggbench.tiny.model import tiny_model_for_tests
+    from aggbench.tiny.model import build_tiny_model, sft_warm_start
     from aggbench.tiny.task import make_task
 
-    model = args.model or tiny_model_for_tests(work, sft_steps=args.sft_steps)
+    model = args.model
+    if model is None:
+        model = build_tiny_model(work / "tiny")
+        if args.sft_steps:
+            sft_warm_start(model, steps=args.sft_steps, batch_size=16, progress=False)
     train, _ = make_task(0, 256, 16)
     data = work / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in train))

@@ -112,13 +112,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--sft-steps", type=int, default=150)
     args = ap.parse_args()
-    from aggbench.tiny.model import tiny_model_for_tests
+    from aggbench.tiny.model import build_tiny_model, sft_warm_start
     from aggbench.tiny.task import make_task
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         t0 = time.time()
-        model = tiny_model_for_tests(root / "model", sft_steps=args.sft_steps, batch_size=64)
+        model = build_tiny_model(root / "model")
+        sft_warm_start(model, steps=args.sft_steps, batch_size=64, progress=False)
         print(f"tiny model warm-started in {time.time() - t0:.0f} s", flush=True)
         train, _ = make_task(0, 512, 16)
         data = root / "train.jsonl"

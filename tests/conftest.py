@@ -21,7 +21,7 @@ def shared_data() -> Path:
 def tiny_sft_model(tmp_path_factory) -> Path:
     """A briefly warm-started tiny model (answers in the task's format, so GRPO groups have reward
     variance), built once per test session."""
-    from aggbench.tiny.model import tiny_model_for_tests
+    from helpers.tiny_models import tiny_model_for_tests
 
     return tiny_model_for_tests(tmp_path_factory.mktemp("tiny-sft"), sft_steps=40, batch_size=32)
 

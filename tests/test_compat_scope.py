@@ -7,10 +7,9 @@ module they exercise is imported in a fresh interpreter where `import transforme
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
+
+from helpers.support import import_without
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "aggbench"
 MODULES = sorted(
@@ -28,19 +27,6 @@ MODULES = sorted(
 
 
 def test_compat_skipped_suites_import_without_transformers(tmp_path):
-    blocked = tmp_path / "transformers"
-    blocked.mkdir()
-    (blocked / "__init__.py").write_text('raise ImportError("transformers is blocked in this check")\n')
-    code = textwrap.dedent(
-        f"""
-        import importlib, sys
-        sys.path.insert(0, {str(tmp_path)!r})
-        for name in {MODULES!r}:
-            importlib.import_module(name)
-        assert "transformers" not in sys.modules or sys.modules["transformers"] is None
-        print(len({MODULES!r}))
-        """
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    proc = import_without(tmp_path, "transformers", MODULES)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert int(proc.stdout.strip()) == len(MODULES) >= 20, proc.stdout

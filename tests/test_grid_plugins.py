@@ -19,8 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 AGGBENCH = str(Path(sys.executable).parent / "aggbench")
 
 PLUGIN = '''
-from aggbench.aggregation import register_rule
-from aggbench.aggregation.core import check_inputs
+from aggbench.aggregation import check_inputs, register_rule
 
 
 @register_rule("gridtest_sqrt_length")

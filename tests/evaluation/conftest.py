@@ -22,7 +22,7 @@ def one_torch_thread():
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """An untrained tiny model directory (built once; tests only read it or copy it)."""
-    from aggbench.tiny.model import tiny_model_for_tests
+    from helpers.tiny_models import tiny_model_for_tests
 
     return tiny_model_for_tests(tmp_path_factory.mktemp("tiny"))
 

@@ -93,7 +93,7 @@ def test_evaluate_end_to_end_logs_each_step_once(tiny_model, store, tmp_path):
 def test_log_eval_metrics_skips_keys_already_at_the_step(store, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from aggbench.evaluation.generate import log_eval_metrics
+    from aggbench.evaluation.mlflow import log_eval_metrics
     from aggbench.tracking import metric_history
 
     run_dir = tmp_path / "cell-b"

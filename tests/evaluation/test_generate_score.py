@@ -238,7 +238,7 @@ def test_score_math_metrics_by_hand(data_env, tmp_path):
 
 
 def test_pass_at_k_of_spec_metrics_by_hand(data_env):
-    from aggbench.evaluation.generate import compute_metrics
+    from aggbench.evaluation.score import compute_metrics
 
     rows = math_samples(data_env)
     correct = [True, False, True, False, False, True, False, False, True, False, False, False]
@@ -255,7 +255,7 @@ def test_pass_at_k_of_spec_metrics_by_hand(data_env):
 
 
 def test_majority_vote_takes_a_judged_verdict():
-    from aggbench.evaluation.generate import compute_metrics
+    from aggbench.evaluation.score import compute_metrics
 
     rows = [
         {"id": "p", "sample": 0, "correct": False, "extracted": "5", "reason": "timeout"},

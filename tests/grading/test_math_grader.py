@@ -12,13 +12,8 @@ from pathlib import Path
 import pytest
 from math_verify import parse, verify
 
-from aggbench.grading.math import (
-    MAX_ANSWER_CHARS,
-    clean_gold,
-    grade_math,
-    grade_math_batch,
-    grading_options,
-)
+from aggbench.grading.math import clean_gold, grade_math, grade_math_batch, grading_options
+from aggbench.grading.math_extract import MAX_ANSWER_CHARS
 from aggbench.grading.pool import GradingPool
 
 

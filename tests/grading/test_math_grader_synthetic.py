@@ -12,14 +12,8 @@ import time
 import pytest
 from math_verify import parse, verify
 
-from aggbench.grading.math import (
-    GradingTimeout,
-    MathVerdict,
-    _soft_deadline,
-    extract_answer,
-    grade_math,
-    grade_math_batch,
-)
+from aggbench.grading.math import GradingTimeout, MathVerdict, _soft_deadline, grade_math, grade_math_batch
+from aggbench.grading.math_extract import extract_answer
 from aggbench.grading.pool import GradingPool
 
 

@@ -167,7 +167,8 @@ def _worker(uri: str, experiment: str, cid: str, run_dir: str, sync_dir: str, ro
     import mlflow  # noqa: F401 - imported before the start signal, so the jobs really overlap
 
     import aggbench.evaluation.generate  # noqa: F401
-    from aggbench.report.ingest import Source, ingest_source, init_store
+    from aggbench.report.ingest import Source, ingest_source
+    from aggbench.tracking import init_store
 
     src = Source(cid, Path(run_dir), "cell", {"aggbench.cell_id": cid}, 20)
     sync = Path(sync_dir)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
+import textwrap
 import typing
 from pathlib import Path
 
@@ -102,3 +105,22 @@ def contract_instances() -> list[RuleInstance]:
 
 def instance_ids(insts: list[RuleInstance]) -> list[str]:
     return [i.name for i in insts]
+
+
+def import_without(tmp_path: Path, blocked: str, modules: list[str]) -> subprocess.CompletedProcess:
+    """Import ``modules`` in a fresh interpreter where ``import <blocked>`` fails (a stub package
+    that raises ImportError shadows the real one); the process prints how many it imported."""
+    stub = tmp_path / blocked
+    stub.mkdir()
+    (stub / "__init__.py").write_text(f'raise ImportError("{blocked} is blocked in this check")\n')
+    code = textwrap.dedent(
+        f"""
+        import importlib, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        for name in {modules!r}:
+            importlib.import_module(name)
+        assert sys.modules.get({blocked!r}) is None, "{blocked} was imported"
+        print(len({modules!r}))
+        """
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -189,6 +189,7 @@ def test_smoke_plan_is_a_cpu_plan_with_the_dag_counts():
 
 def _write_config(tmp_path: Path, over: dict) -> Path:
     cfg = yaml.safe_load(SMOKE.read_text())
+    cfg["results_dir"] = str(tmp_path / "results")  # never the checkout's results/ (a smoke run's models)
     for key, value in over.items():
         cfg[key] = value
     path = tmp_path / "exp.yaml"
@@ -241,7 +242,7 @@ B, L, T = 3, 50, 20  # micro-batch rows, tokens per row, response tokens per row
 def _models(tmp_path):
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
-    from aggbench.tiny.model import tiny_model_for_tests
+    from helpers.tiny_models import tiny_model_for_tests
 
     small = dict(vocab_size=300, hidden_size=192, intermediate_size=448, num_hidden_layers=3,
                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from aggbench.report.ingest import Source, find_runs, init_store, verify_source  # noqa: E402
+from aggbench.report.ingest import Source, find_runs, verify_source
+from aggbench.tracking import init_store
 from helpers import report_fixtures as rf  # noqa: E402
 
 STEPS = 20

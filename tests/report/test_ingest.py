@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from aggbench.cli.report import ingest_command, report_command  # noqa: E402
 from aggbench.grid import load_experiment  # noqa: E402
-from aggbench.report.ingest import base_id, find_runs, init_store, tracking_uri, verify  # noqa: E402
+from aggbench.report.ingest import base_id, find_runs, tracking_uri, verify
+from aggbench.tracking import init_store
 from helpers import report_fixtures as rf  # noqa: E402
 from helpers.support import EVAL_KEYS_N4  # noqa: E402
 

@@ -23,8 +23,10 @@ from click.testing import CliRunner
 
 from aggbench.cli.report import ingest_command, report_command  # noqa: E402
 from aggbench.grid import load_experiment  # noqa: E402
-from aggbench.report.ingest import find_runs, init_store, summary_id, tracking_uri  # noqa: E402
-from aggbench.report.tables import check_reported, metric_name  # noqa: E402
+from aggbench.report.collect import metric_name
+from aggbench.report.ingest import find_runs, summary_id, tracking_uri
+from aggbench.report.tables import check_reported
+from aggbench.tracking import init_store
 from helpers import report_fixtures as rf  # noqa: E402
 
 REPORTED = {"tiny": {"tiny": {"token": {"tiny_test": 40.0, "math500": 30.0}, "base": {"tiny_test": 12.0}}}}

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from aggbench.rollout import make_engine
 from aggbench.rollout.vllm import GPU_EXTRA_HINT, build_requests, export_weights, sampling_kwargs
-from aggbench.tiny.model import tiny_model_for_tests
+from helpers.tiny_models import tiny_model_for_tests
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 

@@ -23,6 +23,7 @@ from aggbench.tiny.task import (
     sft_examples,
     task_reward,
 )
+from helpers.tiny_models import tiny_model_for_tests
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -33,7 +34,6 @@ from aggbench.tiny.model import (  # noqa: E402
     render_prompt,
     sample_responses,
     sft_warm_start,
-    tiny_model_for_tests,
 )
 
 # Worked by hand: in the map a>d b>f c>a d>h e>b f>c g>e h>g, 4 hops from g visit g>e, e>b, b>f,

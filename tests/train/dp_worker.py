@@ -43,7 +43,7 @@ def main() -> None:
             batch.response_mask,
             adv[mine],
             view.row_map(),
-            view.local_positions(),
+            view.local_in(torch.arange(view.mask.shape[0])),
             eff[:, :t],
             aux_w[:, :t],
             settings,

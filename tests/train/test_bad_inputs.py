@@ -28,7 +28,7 @@ GOOD = '{"id": "a", "prompt": "p", "answer": "1"}\n'
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     """An untrained tiny model (about a second): these tests never need one that learns."""
-    from aggbench.tiny.model import tiny_model_for_tests
+    from helpers.tiny_models import tiny_model_for_tests
 
     return tiny_model_for_tests(tmp_path_factory.mktemp("tiny-model"))
 

@@ -33,7 +33,7 @@ from helpers.trainer_support import write_cell
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_train_data) -> tuple[Path, Path]:
     """(cell YAML, run directory) of a 2-step cell trained to its step-1 checkpoint."""
-    from aggbench.tiny.model import tiny_model_for_tests
+    from helpers.tiny_models import tiny_model_for_tests
 
     root = tmp_path_factory.mktemp("trained")
     model = tiny_model_for_tests(root)

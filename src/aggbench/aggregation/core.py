@@ -108,17 +108,11 @@ def _same_function(a: Any, b: Any) -> bool:
 
 
 def get_rule(name: str) -> RuleSpec:
-    _ensure_builtins()
     return RULES.get(name)
 
 
 def rule_names() -> list[str]:
-    _ensure_builtins()
     return RULES.names()
-
-
-def _ensure_builtins() -> None:
-    import aggbench.aggregation.rules  # noqa: F401  (registers the built-in rules)
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "ingest": ("aggbench.cli.report:ingest_command", "Put run files into MLflow (idempotent)."),
     "report": ("aggbench.cli.report:report_command", "Peak and last-step tables and plots from MLflow."),
-    "crosscheck": ("aggbench.evaluation.crosscheck", "Cross-check generations and verdicts with lm-eval."),
+    "crosscheck": ("aggbench.cli.crosscheck", "Cross-check generations and verdicts with lm-eval."),
     "plan": ("aggbench.cli.plan", "Cost of a grid before submitting: GPU-hours, memory per GPU, jobs."),
 }
 

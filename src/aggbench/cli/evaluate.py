@@ -165,7 +165,7 @@ def score_command(
     benchmark: str, samples: Path, out: Path, workers: int | None, timeout_s: float | None, quiet: bool
 ) -> None:
     """Grade one benchmark's samples and compute its metrics."""
-    from aggbench.evaluation.generate import metrics_path, score_benchmark
+    from aggbench.evaluation.score import metrics_path, score_benchmark
 
     _setup_logging(quiet)
     metrics = score_benchmark(
@@ -225,7 +225,8 @@ def evaluate_command(
     **kw: Any,
 ) -> None:
     """generate + score + log to MLflow, for one checkpoint."""
-    from aggbench.evaluation.generate import EvaluationError, evaluate_checkpoint, infer_run_dir
+    from aggbench.evaluation.generate import evaluate_checkpoint, infer_run_dir
+    from aggbench.evaluation.score import EvaluationError
 
     _setup_logging(kw["quiet"])
     inferred = infer_run_dir(checkpoint)

@@ -95,8 +95,11 @@ def ingest_command(config: Path, cell_ids: tuple[str, ...], quiet: bool) -> None
 def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: bool, no_plots: bool) -> None:
     """Peak and last-step tables (Markdown, CSV, LaTeX) and plots, from MLflow, checked against the files."""
     from aggbench.grid import results_dir
-    from aggbench.report.ingest import init_store, summarize, tracking_uri, verify
-    from aggbench.report.tables import build_tables, check_reported, collect, write_tables
+    from aggbench.report.collect import collect
+    from aggbench.report.ingest import summarize, tracking_uri, verify
+    from aggbench.report.render import write_tables
+    from aggbench.report.tables import build_tables, check_reported
+    from aggbench.tracking import init_store
 
     exp = _load(config)
     with click_error(ValueError):

@@ -31,10 +31,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import click
-
-from aggbench.cli.common import checkpoint_option, click_errors, model_options, out_dir_option, quiet_option
-
 log = logging.getLogger(__name__)
 
 # The last \boxed{...}, with up to two levels of nested braces (lm-eval filters are regexes).
@@ -87,7 +83,8 @@ def write_task(
     """Write ``{task}.jsonl`` + ``{task}.yaml`` under ``task_dir``; returns the task name."""
     import yaml
 
-    from aggbench.evaluation.generate import write_atomic, write_jsonl
+    from aggbench.evaluation.score import write_jsonl
+    from aggbench.files import write_atomic
 
     task = f"aggbench_xc_{benchmark}"
     docs = [
@@ -143,9 +140,9 @@ def run_lmeval(
         from lm_eval import simple_evaluate
         from lm_eval.tasks import TaskManager
     except ImportError as exc:
-        raise click.ClickException(
-            f"the cross-check needs lm-eval: pip install 'aggbench[eval]' ({exc})"
-        ) from exc
+        from aggbench.evaluation.score import EvaluationError
+
+        raise EvaluationError(f"the cross-check needs lm-eval: pip install 'aggbench[eval]' ({exc})") from exc
     manager = TaskManager(include_defaults=False, include_path=[str(task_dir)])
     return simple_evaluate(
         model="hf",
@@ -273,10 +270,9 @@ def crosscheck(
     from transformers import AutoTokenizer
 
     from aggbench.data.benchmarks import load_benchmark, load_benchmark_spec
+    from aggbench.devices import check_device
     from aggbench.evaluation.generate import (
-        EvaluationError,
         GenerateOptions,
-        check_device,
         format_prompts,
         greedy_generate,
         load_model,
@@ -284,9 +280,9 @@ def crosscheck(
         require_checkpoint,
         resolve_device,
         resolve_dtype,
-        write_atomic,
-        write_json,
     )
+    from aggbench.evaluation.score import EvaluationError, write_json
+    from aggbench.files import write_atomic
     from aggbench.grading.math import grade_math_batch, grading_options
     from aggbench.grading.pool import GradingPool
     from aggbench.modeldir import loading
@@ -383,66 +379,3 @@ def _versions() -> dict[str, str]:
     from importlib.metadata import version
 
     return {p: version(p) for p in ("lm_eval", "transformers", "torch")}
-
-
-@click.command(name="crosscheck")
-@checkpoint_option()
-@click.option(
-    "--benchmarks", default="math500,aime24", show_default=True, help="Comma-separated math benchmarks."
-)
-@click.option(
-    "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="First N items per benchmark."
-)
-@out_dir_option("Writes crosscheck.json, lm-eval's task YAMLs and its logged samples.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=None, help="Max new tokens [the YAML's].")
-@click.option(
-    "--batch-size",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Both sides; 1 makes greedy decoding bit-reproducible.",
-)
-@model_options
-@click.option(
-    "--strict/--no-strict",
-    default=True,
-    show_default=True,
-    help="Exit with status 1 when any generation differs.",
-)
-@quiet_option("Only the summary.")
-@click_errors
-def command(
-    checkpoint: Path, benchmarks: str, limit: int, out: Path, strict: bool, quiet: bool, **kw: Any
-) -> None:
-    """Cross-check generations and verdicts with lm-eval (greedy, same prompts, same items)."""
-    for name in ("lm_eval", "lm-eval"):
-        logging.getLogger(name).setLevel(logging.WARNING if quiet else logging.INFO)
-    names = [b.strip() for b in benchmarks.split(",") if b.strip()]
-    report = crosscheck(checkpoint, names, out, limit=limit, **kw)
-    for name, b in report["benchmarks"].items():
-        acc = b["accuracy"]
-        click.echo(
-            f"{name}: {b['identical_generations']}/{b['n_items']} identical generations, "
-            f"{b['identical_prompts']}/{b['n_items']} identical prompts, verdicts agree on "
-            f"{b['verdict_agreement']}/{b['n_items']} (ours {acc['ours']:.3f}, lm-eval exact match "
-            f"{acc['lmeval_exact_match']:.3f})",
-            err=True,
-        )
-        if b["context_overflow"]:
-            click.echo(
-                f"  prompt + max tokens above the model's length (lm-eval cuts them): {b['context_overflow']}",
-                err=True,
-            )
-        for d in b["generation_diffs"]:
-            click.echo(f"  generation differs: {d['id']} at character {d['first_difference_at']}", err=True)
-        for d in b["verdict_diffs"]:
-            click.echo(
-                f"  verdict differs: {d['id']}: ours {d['ours_correct']} ({d['ours_extracted']!r}), "
-                f"lm-eval {d['lmeval_correct']} ({d['lmeval_extracted']!r}), gold {d['gold']!r}",
-                err=True,
-            )
-    for note in report["notes"]:
-        click.echo(f"note: {note}", err=True)
-    click.echo(f"report: {out / 'crosscheck.json'}", err=True)
-    if strict and not report["ok"]:
-        raise SystemExit(1)

@@ -12,8 +12,7 @@ The files are the source of truth; MLflow is fed from them::
 Every file is written to a temporary name and renamed into place, so a crash never leaves a
 half-written one. torch, transformers and the graders are imported inside the functions that need
 them: importing this module is cheap (the CLI stays fast). Scoring lives in ``aggbench.evaluation.score``
-and the MLflow logging of the metrics in ``aggbench.evaluation.mlflow``; their public names are
-importable from here too.
+and the MLflow logging of the metrics in ``aggbench.evaluation.mlflow``.
 """
 
 from __future__ import annotations
@@ -28,21 +27,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from aggbench.devices import check_device  # noqa: F401  (crosscheck imports it from here)
-from aggbench.evaluation.mlflow import (  # noqa: F401  (re-exported: callers import them from here)
-    eval_metric_values,
-    log_eval_metrics,
-    mlflow_key,
-)
-from aggbench.evaluation.score import (  # noqa: F401  (re-exported: callers import them from here)
+from aggbench.devices import check_device
+from aggbench.evaluation.mlflow import log_eval_metrics
+from aggbench.evaluation.score import (
     EvaluationError,
-    compute_metrics,
-    grade_rows,
-    metric_names,
-    metrics_path,
-    read_jsonl,
     score_benchmark,
-    write_atomic,
     write_json,
     write_jsonl,
 )
@@ -214,7 +203,7 @@ def record_fields(spec: Any, record: Mapping[str, Any]) -> dict[str, Any]:
 def _make_engine(kind: str, checkpoint: Path, options: GenerateOptions):
     """(engine, model, tokenizer). vLLM loads its own weights from the checkpoint directory, so the
     HF model is not loaded for it (model is None)."""
-    from aggbench.rollout.base import make_engine
+    from aggbench.rollout import make_engine
 
     if kind == "vllm":
         from transformers import AutoTokenizer

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from aggbench.grading.math_extract import (  # extraction lives there; re-exported here
+from aggbench.grading.math_extract import (
     _BOX_COMMANDS,
     MAX_ANSWER_CHARS,
     _last_boxed,
@@ -56,10 +56,8 @@ if TYPE_CHECKING:
     from aggbench.grading.pool import GradingPool
 
 __all__ = [
-    "MAX_ANSWER_CHARS",
     "MathVerdict",
     "clean_gold",
-    "extract_answer",
     "grade_math",
     "grade_math_batch",
     "grade_math_item",

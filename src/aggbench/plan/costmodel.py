@@ -344,7 +344,8 @@ BUILTIN_SHAPES: dict[str, tuple[ModelShape, str]] = {
 
 def tiny_shape() -> ModelShape:
     """The built-in tiny model (aggbench.tiny.model) without building it: its config and tokenizer size."""
-    from aggbench.tiny.model import BOX, CHARACTERS, MODEL_SHAPE, SPECIAL_TOKENS
+    from aggbench.tiny.model import CHARACTERS, MODEL_SHAPE, SPECIAL_TOKENS
+    from aggbench.tiny.task import BOX
 
     vocab = len(SPECIAL_TOKENS) + len((BOX, *CHARACTERS))  # the tokenizer's vocabulary (tiny/model.py)
     return ModelShape.from_hf_config(

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aggbench.grid import Cell, cells, eval_steps, results_dir, total_steps
-from aggbench.report.ingest import SENTINEL, base_id, find_runs
-from aggbench.tracking import metric_history
+from aggbench.report.ingest import base_id, find_runs
+from aggbench.tracking import SENTINEL, metric_history
 
 TRAIN_KEYS = ("loss/pg", "len/pos_mean", "len/neg_mean", "len/gap", "accuracy", "reward/mean")
 

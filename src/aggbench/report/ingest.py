@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from aggbench.grid import cells, results_dir, total_steps
-from aggbench.tracking import SENTINEL, MetricsLog, MlflowRun, metric_history, resolve_tracking_uri
+from aggbench.tracking import (
+    SENTINEL,
+    MetricsLog,
+    MlflowRun,
+    init_store,
+    metric_history,
+    resolve_tracking_uri,
+)
 
 CELL_TAG = "aggbench.cell_id"
 KIND_TAG = "aggbench.kind"
@@ -55,8 +62,6 @@ def tracking_uri(exp: dict) -> str:
     """
     return resolve_tracking_uri(exp.get("tracking_uri"), results_dir(exp).resolve() / "runs" / "_")
 
-
-from aggbench.tracking import init_store  # noqa: E402,F401  (re-exported; lives beside MlflowRun)
 
 # --------------------------------------------------------------------------- run files
 
@@ -169,7 +174,7 @@ def open_run(uri: str, experiment: str, cell_id: str, run_dir: Path | None) -> M
 
 def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
     """Mirror one source's files into its MLflow run; returns what was logged."""
-    from aggbench.evaluation.generate import log_eval_metrics
+    from aggbench.evaluation.mlflow import log_eval_metrics
 
     run = open_run(uri, experiment, src.cell_id, src.run_dir)
     have = run.client.get_run(run.run_id).data.tags
@@ -336,7 +341,7 @@ def _compare(cid: str, expected: dict[str, dict[int, float]], client: Any, run_i
 
 def verify_source(src: Source, client: Any, run: Any | None) -> list[Problem]:
     """Every value in ``src``'s committed files that MLflow lacks or holds differently."""
-    from aggbench.evaluation.generate import eval_metric_values
+    from aggbench.evaluation.mlflow import eval_metric_values
 
     rows = src.rows()
     committed = src.committed_step(rows)

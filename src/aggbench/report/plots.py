@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from aggbench.report.tables import Collected
+from aggbench.report.collect import Collected
 
 KINDS = ("eval", "pg_loss", "length_by_sign", "sign_weights")
 

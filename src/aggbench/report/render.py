@@ -140,7 +140,7 @@ def write_tables(
 ) -> list[Path]:
     """``{peak,last}.{md,csv,tex}`` under out_dir, and ``values.csv`` (``col.tidy()``: every value
     the tables were made from, as fractions) when ``col`` is given; atomic writes; returns the paths."""
-    from aggbench.evaluation.generate import write_atomic
+    from aggbench.files import write_atomic
 
     headings = {"peak": f"Peak tables: {experiment}", "last": f"Last-step tables: {experiment}"}
     paths = []

@@ -24,8 +24,7 @@ last-step table of every block; their CSV is long (one line per row x column), f
 with the value read from MLflow (a fraction), base models at step 0.
 
 This module assembles the tables; reading MLflow lives in ``aggbench.report.collect`` and the
-Markdown/CSV/LaTeX rendering in ``aggbench.report.render``. Every public name of the three is
-importable from here.
+Markdown/CSV/LaTeX rendering in ``aggbench.report.render``.
 """
 
 from __future__ import annotations
@@ -34,23 +33,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from aggbench.report.collect import (
-    TRAIN_KEYS,
-    CellData,
-    Collected,
-    collect,
-    metric_key,
-    metric_label,
-    metric_name,
-)
+from aggbench.report.collect import CellData, Collected
 from aggbench.report.ingest import base_id
-from aggbench.report.render import CSV_FIELDS, TIDY_FIELDS, to_csv, to_latex, to_markdown, write_tables
-
-__all__ = [
-    "AVERAGE", "BASE_LABEL", "CSV_FIELDS", "DEFINITIONS", "TIDY_FIELDS", "TRAIN_KEYS", "CellData", "Collected",
-    "Entry", "Row", "Table", "build_tables", "check_reported", "collect", "metric_key", "metric_label",
-    "metric_name", "to_csv", "to_latex", "to_markdown", "write_tables",
-]  # fmt: skip
 
 AVERAGE = "average"
 BASE_LABEL = "base (step 0)"

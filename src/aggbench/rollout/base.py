@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 
@@ -22,7 +22,6 @@ class Rollouts:
     texts: list[str]
     group: list[int]
     logprobs: list[list[float]] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -73,16 +72,3 @@ class RolloutEngine(Protocol):
     def sync_weights(self, model: Any) -> None:
         """Make the engine sample from ``model``'s current weights (no-op when it shares them)."""
         ...
-
-
-def make_engine(kind: str, model: Any, tokenizer: Any, **options: Any) -> RolloutEngine:
-    """Build a rollout engine by name: ``hf`` (transformers) or ``vllm`` (needs the `gpu` extra)."""
-    if kind == "hf":
-        from aggbench.rollout.hf import HFEngine
-
-        return HFEngine(model, tokenizer, batch_size=options.get("batch_size", 64))
-    if kind == "vllm":
-        from aggbench.rollout.vllm import VLLMEngine
-
-        return VLLMEngine.from_model(model, tokenizer, **options)
-    raise ValueError(f"unknown rollout engine {kind!r}; valid: 'hf', 'vllm'")

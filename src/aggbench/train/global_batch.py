@@ -33,14 +33,15 @@ class GlobalView:
     offset: int
     count: int
 
-    def local_positions(self) -> Tensor:
-        return torch.arange(self.offset, self.offset + self.count)
-
     def row_map(self) -> Tensor:
         """[N] long: position in the global mini-batch -> row in this rank's local batch (-1 elsewhere)."""
         out = torch.full((self.mask.shape[0],), -1, dtype=torch.long)
         out[self.offset : self.offset + self.count] = torch.arange(self.count)
         return out
+
+    def local_in(self, rows: Tensor) -> Tensor:
+        """[k] long: the positions inside ``rows`` (global row indices [M]) that this rank holds."""
+        return torch.nonzero(self.row_map()[rows] >= 0).flatten()
 
 
 def world() -> tuple[int, int]:

@@ -375,7 +375,7 @@ def _update(
             eff, aux_w = minibatch_weights(
                 rule, view.mask[mb], view.advantages[mb], view.group_ids[mb], a.aux_reduction
             )  # once, on the whole mini-batch
-            local = torch.nonzero(row_map[mb] >= 0).flatten()  # this rank's part of it
+            local = view.local_in(mb)  # this rank's part of it
             owed = parallel.missing_passes(len(local), settings.micro_batch_size, ranks)
             stats = accumulate_gradients(
                 model,

@@ -55,10 +55,18 @@ def pg_token_loss(
     return loss, was_clipped & (eff_adv != 0)
 
 
+def masked_pg_loss(
+    logp: Tensor, old_logp: Tensor, eff_adv: Tensor, mask: Tensor, **clip: float | None
+) -> tuple[Tensor, Tensor]:
+    """The training loss of one micro-batch: (scalar sum over unmasked tokens of ``pg_token_loss``,
+    clipped [B, T] bool). All tensors [B, T]; mask zeroes padding and filtered responses."""
+    loss, clipped = pg_token_loss(logp, old_logp, eff_adv, **clip)
+    return (loss * mask.to(loss.dtype)).sum(), clipped
+
+
 def pg_loss(logp: Tensor, old_logp: Tensor, eff_adv: Tensor, mask: Tensor, **clip: float | None) -> Tensor:
-    """Scalar policy-gradient loss: sum over tokens of ``pg_token_loss`` (mask [B, T] zeroes padding)."""
-    loss, _ = pg_token_loss(logp, old_logp, eff_adv, **clip)
-    return (loss * mask.to(loss.dtype)).sum()
+    """Scalar policy-gradient loss, exactly what the update step uses (``masked_pg_loss``)."""
+    return masked_pg_loss(logp, old_logp, eff_adv, mask, **clip)[0]
 
 
 def aux_token_weights(mask: Tensor, reduction: AuxReduction = "token-mean") -> Tensor:

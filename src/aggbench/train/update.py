@@ -19,7 +19,7 @@ from torch import Tensor
 
 from aggbench.train.batching import PackedBatch, split_rows
 from aggbench.train.logprobs import response_logprobs
-from aggbench.train.objective import AuxReduction, aux_token_weights, kl_k3, pg_token_loss, unit_pg_loss
+from aggbench.train.objective import AuxReduction, aux_token_weights, kl_k3, masked_pg_loss, unit_pg_loss
 
 
 @dataclass(frozen=True)
@@ -112,8 +112,7 @@ def accumulate_gradients(
         dev, dt = logp.device, logp.dtype
         m = mask[rows, :t_w].to(dev, dt)
         o = old[rows, :t_w].to(dev, dt) if old is not None else logp.detach()
-        tok_loss, clipped = pg_token_loss(logp, o, eff[pos, :t_w].to(dev, dt), **settings.clip)
-        pg = (tok_loss * m).sum()
+        pg, clipped = masked_pg_loss(logp, o, eff[pos, :t_w].to(dev, dt), m, **settings.clip)
         w = aux_w[pos, :t_w].to(dev, dt)
         loss = pg
         kl = torch.zeros((), device=dev, dtype=dt)

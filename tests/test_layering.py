@@ -1,0 +1,161 @@
+"""The package's layering, as data: which part of aggbench may import which.
+
+A part is a top-level module (``grid``) or a subpackage (``train/``). Every import of another part,
+at module level or inside a function, must be an edge written in ``ALLOWED``; the direction is
+bottom to top (foundations, then the experimental axis, data and grading, then the trainer and the
+evaluator, then report and plan, then the command line). ``NO_TORCH`` parts must import with torch
+unavailable (report/, grid, plan/ run on a login node or in a CPU job). And no module re-exports
+another module's names: a ``from aggbench.X import name`` finds ``name`` defined in X, unless X is a
+package's ``__init__`` (the public API of aggregation/, data/, rollout/).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from helpers.support import import_without
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "aggbench"
+FOUNDATION = {"registry", "files", "devices", "modeldir", "prompts"}
+
+ALLOWED: dict[str, set[str]] = {
+    **{name: set() for name in FOUNDATION},
+    "config": {"files"},
+    "tiny/": set(),
+    "aggregation/": {"registry"},
+    "data/": {"files", "registry", "tiny/"},
+    "tracking": {"files", "aggregation/"},
+    "grading/": {"data/"},
+    "grid": {"aggregation/", "config", "data/"},
+    "rollout/": set(),
+    "train/": {"aggregation/", "config", "data/", "files", "grading/", "modeldir", "prompts", "registry"}
+    | {"rollout/", "tiny/", "tracking"},
+    "evaluation/": {"data/", "devices", "files", "grading/", "modeldir", "prompts", "rollout/", "tiny/"}
+    | {"tracking"},
+    "report/": {"data/", "evaluation/", "files", "grid", "tracking"},
+    "plan/": {"data/", "grid", "rollout/", "tiny/"},
+    "cli/": {"*"},
+}
+# Single module-to-module edges outside the part graph, each with its reason.
+EXCEPTIONS = {
+    ("aggbench.aggregation.explain", "aggbench.train.advantages"): "explain turns rewards into advantages "
+    "with the trainer's own estimators, so what it shows is what training computes",
+}
+NO_TORCH = {"registry", "files", "config", "prompts", "modeldir", "tracking", "grid", "data/", "grading/"} | {
+    "report/",
+    "plan/",
+}
+PUBLIC_INITS = {"aggbench.aggregation", "aggbench.data", "aggbench.rollout", "aggbench.cli"}
+
+
+def part_of(module: str, src: Path = SRC) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "aggbench"
+    return parts[1] + "/" if (src / parts[1]).is_dir() else parts[1]
+
+
+def module_name(path: Path, src: Path = SRC) -> str:
+    rel = path.relative_to(src.parent).with_suffix("")
+    return ".".join(rel.parts).removesuffix(".__init__")
+
+
+def imports(path: Path) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append(node.module)
+        elif isinstance(node, ast.Import):
+            out.extend(a.name for a in node.names)
+    return out
+
+
+def violations(src: Path, allowed: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for path in sorted(src.rglob("*.py")):
+        module = module_name(path, src)
+        part = part_of(module, src)
+        for target in imports(path):
+            if not target.startswith("aggbench.") or part == "aggbench":
+                continue
+            other = part_of(target, src)
+            if other in (part, "aggbench") or (module, target) in EXCEPTIONS:
+                continue
+            ok = allowed.get(part, set())
+            if "*" not in ok and other not in ok:
+                bad.append(f"{module} imports {target}: {part} -> {other} is not an allowed edge")
+    return bad
+
+
+def test_every_part_is_in_the_table():
+    parts = {part_of(module_name(p)) for p in SRC.rglob("*.py")} - {"aggbench"}
+    assert parts == set(ALLOWED), f"new or removed parts: {sorted(parts ^ set(ALLOWED))}"
+
+
+def test_imports_follow_the_allowed_edges():
+    assert violations(SRC, ALLOWED) == []
+
+
+def test_train_never_imports_evaluation_or_report():
+    assert not ALLOWED["train/"] & {"evaluation/", "report/", "plan/", "cli/"}
+    assert not ALLOWED["report/"] & {"train/", "cli/"} and not ALLOWED["grid"] & {"train/", "report/"}
+
+
+def test_a_forbidden_edge_is_caught(tmp_path):
+    """The checker itself: a report module importing the trainer is reported."""
+    src = tmp_path / "aggbench"
+    (src / "report").mkdir(parents=True)
+    (src / "train").mkdir()
+    for f in ("__init__.py", "report/__init__.py", "train/__init__.py", "train/loop.py"):
+        (src / f).write_text("")
+    (src / "report" / "tables.py").write_text("def f():\n    from aggbench.train.loop import train\n")
+    found = violations(src, {"report/": {"files"}, "train/": set()})
+    assert found == [
+        "aggbench.report.tables imports aggbench.train.loop: report/ -> train/ is not an allowed edge"
+    ]
+
+
+def test_torch_free_parts_import_without_torch(tmp_path):
+    modules = sorted(
+        module_name(p)
+        for p in SRC.rglob("*.py")
+        if part_of(module_name(p)) in NO_TORCH and p.name != "__main__.py"
+    )
+    proc = import_without(tmp_path, "torch", modules)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert int(proc.stdout.strip()) == len(modules) >= 30, proc.stdout
+
+
+def _defined(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_no_module_re_exports_another_modules_names():
+    repo = SRC.parents[1]
+    files = [*SRC.rglob("*.py"), *(repo / "tests").rglob("*.py"), *(repo / "benchmarks").rglob("*.py")]
+    defined: dict[str, set[str]] = {}
+    bad = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module):
+                continue
+            mod = node.module
+            if not mod.startswith("aggbench.") or mod in PUBLIC_INITS:
+                continue
+            target = SRC.parent.joinpath(*mod.split("."))
+            home = target / "__init__.py" if target.is_dir() else target.with_suffix(".py")
+            if not home.exists():
+                continue
+            names = defined.setdefault(mod, _defined(home))
+            for alias in node.names:
+                if alias.name not in names and not (target / f"{alias.name}.py").exists():
+                    bad.append(f"{path.relative_to(repo)}: {alias.name} is not defined in {mod}")
+    assert bad == []
