@@ -1,0 +1,123 @@
+"""Wall time of the smoke DAG (`snakemake --cores 2` on configs/smoke.yaml), against a named baseline.
+
+The DAG is run end to end in a temporary results directory, as `make smoke` runs it. With
+``--baseline REV`` the same DAG also runs from a detached worktree of REV (for example the commit
+before a change), the two interleaved round by round (baseline, then this tree), so machine noise
+hits both alike; the ratio printed is the median over rounds of (this tree / baseline). It then
+compares what the two runs wrote: the tables (``tables/*.csv``) and every cell's ``metrics.jsonl``
+must be identical except fields that are times (``TIME_FIELDS``), which proves a refactoring
+changed no result on this machine. The smoke budget is 15 minutes on 2 cores (target 10); a run
+over it is reported, not failed: this script reports, it is not a test.
+
+    .venv/bin/python benchmarks/smoke_dag.py [--baseline REV] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BUDGET_S = 15 * 60
+# metrics.jsonl fields that measure time (wall clock, durations, throughput); all others must match.
+TIME_FIELDS = ("time", "time/", "tokens_per_s")
+
+
+def run_dag(tree: Path, results: Path) -> float:
+    """One smoke DAG from ``tree`` (its Snakefile and its src/), results under ``results``; -> seconds."""
+    snakemake = Path(sys.executable).with_name("snakemake")
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [str(snakemake), "--cores", "2", "--config", f"results_dir={results}"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        sys.exit(f"smoke DAG failed in {tree}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return wall
+
+
+def _same(x: object, y: object) -> bool:
+    return x == y or (isinstance(x, float) and isinstance(y, float) and x != x and y != y)  # NaN == NaN
+
+
+def _is_time(key: str) -> bool:
+    return any(key == f or (f.endswith("/") and key.startswith(f)) for f in TIME_FIELDS)
+
+
+def differences(a: Path, b: Path) -> list[str]:
+    """What differs between two smoke results directories, time fields left out."""
+    out = []
+    for table in sorted((a / "tables").glob("*.csv")):
+        if table.read_text() != (b / "tables" / table.name).read_text():
+            out.append(f"tables/{table.name} differs")
+    for metrics in sorted((a / "runs").glob("*/metrics.jsonl")):
+        other = b / metrics.relative_to(a)
+        rows_a = [json.loads(x) for x in metrics.read_text().splitlines()]
+        rows_b = [json.loads(x) for x in other.read_text().splitlines()] if other.exists() else []
+        if len(rows_a) != len(rows_b):
+            out.append(f"{metrics.relative_to(a)}: {len(rows_a)} vs {len(rows_b)} rows")
+            continue
+        for ra, rb in zip(rows_a, rows_b, strict=True):
+            keys = {k for k in ra.keys() | rb.keys() if not _is_time(k)}
+            bad = sorted(k for k in keys if not _same(ra.get(k), rb.get(k)))
+            if bad:
+                out.append(f"{metrics.relative_to(a)} step {ra.get('step')}: {', '.join(bad[:5])}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline", help="a git revision to time (and compare) beside this tree")
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        trees = {"this tree": REPO}
+        if args.baseline:
+            base = work / "baseline"
+            subprocess.run(
+                ["git", "worktree", "add", "--detach", str(base), args.baseline], cwd=REPO, check=True
+            )
+            trees = {f"baseline {args.baseline}": base, **trees}
+        walls: dict[str, list[float]] = {name: [] for name in trees}
+        try:
+            for r in range(args.rounds):
+                for name, tree in trees.items():
+                    results = work / f"{name.split()[0]}-{r}" / "results"
+                    walls[name].append(run_dag(tree, results))
+                    print(f"round {r + 1}: {name}: {walls[name][-1]:.0f} s", flush=True)
+            for name, w in walls.items():
+                verdict = "within" if statistics.median(w) <= BUDGET_S else "OVER"
+                print(f"{name}: median {statistics.median(w):.0f} s ({verdict} the {BUDGET_S} s budget)")
+            if args.baseline:
+                ratios = [h / b for b, h in zip(*walls.values(), strict=True)]
+                print(
+                    f"this tree / baseline: {statistics.median(ratios):.2f}x (median of {len(ratios)} rounds)"
+                )
+                diff = differences(work / "baseline-0" / "results", work / "this-0" / "results")
+                print(
+                    "outputs identical except time fields"
+                    if not diff
+                    else "OUTPUTS DIFFER:\n  " + "\n  ".join(diff)
+                )
+        finally:
+            if args.baseline:
+                subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=REPO, check=False)
+                shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
