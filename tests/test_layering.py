@@ -17,24 +17,25 @@ from pathlib import Path
 from helpers.support import import_without
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "aggbench"
-FOUNDATION = {"registry", "files", "devices", "modeldir", "prompts"}
+FOUNDATION = {"registry", "files", "layout", "devices", "modeldir", "prompts"}
 
 ALLOWED: dict[str, set[str]] = {
     **{name: set() for name in FOUNDATION},
-    "config": {"files"},
+    "graders": {"registry"},
+    "config": {"files", "graders", "registry"},
     "tiny/": set(),
     "aggregation/": {"registry"},
-    "data/": {"files", "registry", "tiny/"},
-    "tracking": {"files", "aggregation/"},
-    "grading/": {"data/"},
+    "data/": {"files", "graders", "registry", "tiny/"},
+    "tracking": {"files", "layout", "aggregation/"},
+    "grading/": {"data/", "graders", "tiny/"},
     "grid": {"aggregation/", "config", "data/"},
     "rollout/": set(),
-    "train/": {"aggregation/", "config", "data/", "files", "grading/", "modeldir", "prompts", "registry"}
-    | {"rollout/", "tiny/", "tracking"},
-    "evaluation/": {"data/", "devices", "files", "grading/", "modeldir", "prompts", "rollout/", "tiny/"}
-    | {"tracking"},
-    "report/": {"data/", "evaluation/", "files", "grid", "tracking"},
-    "plan/": {"data/", "grid", "rollout/", "tiny/"},
+    "train/": {"aggregation/", "config", "data/", "files", "graders", "grading/", "layout", "modeldir"}
+    | {"prompts", "registry", "rollout/", "tiny/", "tracking"},
+    "evaluation/": {"data/", "devices", "files", "graders", "grading/", "modeldir", "prompts", "rollout/"}
+    | {"layout", "registry", "tiny/", "tracking"},
+    "report/": {"data/", "evaluation/", "files", "grid", "layout", "tracking"},
+    "plan/": {"data/", "grid", "layout", "rollout/", "tiny/"},
     "cli/": {"*"},
 }
 # Single module-to-module edges outside the part graph, each with its reason.
@@ -42,10 +43,14 @@ EXCEPTIONS = {
     ("aggbench.aggregation.explain", "aggbench.train.advantages"): "explain turns rewards into advantages "
     "with the trainer's own estimators, so what it shows is what training computes",
 }
-NO_TORCH = {"registry", "files", "config", "prompts", "modeldir", "tracking", "grid", "data/", "grading/"} | {
-    "report/",
-    "plan/",
-}
+NO_TORCH = (
+    {"registry", "files", "graders", "config", "prompts", "modeldir", "tracking", "grid", "data/"}
+    | {"grading/"}
+    | {
+        "report/",
+        "plan/",
+    }
+)
 PUBLIC_INITS = {"aggbench.aggregation", "aggbench.data", "aggbench.rollout", "aggbench.cli"}
 
 

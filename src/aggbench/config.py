@@ -40,7 +40,23 @@ class DatasetConfig(_Strict):
         "{prompt}",
         description="Text with a {prompt} placeholder, replaced once (not str.format: templates hold \\boxed{}).",
     )
-    grader: Literal["tiny", "math"] = Field("tiny", description="Reward: built-in task exact match, or math.")
+    grader: str = Field(
+        "tiny",
+        description="Reward: a registered grader that can reward training (built in: tiny exact match, math).",
+    )
+
+    @field_validator("grader")
+    @classmethod
+    def _rewarding_grader(cls, name: str) -> str:
+        from aggbench.graders import grader_names
+        from aggbench.registry import did_you_mean
+
+        valid = grader_names(rewards=True)
+        if name not in valid:
+            raise ValueError(
+                f"grader {name!r} cannot reward training.{did_you_mean(name, valid)} Valid: {', '.join(valid)}"
+            )
+        return name
 
 
 class AggregationConfig(_Strict):

@@ -69,8 +69,9 @@ class MetricsLog:
 
 def results_root(run_dir: Path) -> Path:
     """``results/`` for ``results/runs/<cell>`` and ``results/base/<model>``; else the directory itself."""
-    run_dir = Path(run_dir).resolve()
-    return run_dir.parent.parent if run_dir.parent.name in ("runs", "base") else run_dir
+    from aggbench.layout import results_of
+
+    return results_of(run_dir)
 
 
 def resolve_tracking_uri(configured: str | None, run_dir: Path) -> str:

@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from aggbench.aggregation import builtin_instances
 from aggbench.config import load_train_config
+from aggbench.layout import complete_steps
 from aggbench.tracking import metric_history
-from aggbench.train.checkpoint import complete_steps
 from aggbench.train.loop import train
 from helpers.trainer_support import metrics_rows, stable, write_cell
 

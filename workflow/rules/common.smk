@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from aggbench import grid
+from aggbench import grid, layout
 
 R = str(grid.results_dir(config)).rstrip("/") or "."  # every output lives under here
 CELLS = {c.id: c for c in grid.cells(config)}
@@ -131,20 +131,43 @@ def rule_resources(rule_name, model_of=None):
 
 
 # ---------------------------------------------------------------- paths
+# Every run-file path comes from aggbench.layout (names may be wildcards such as "{cell}").
 def run_dir(cell):
-    return f"{R}/runs/{cell}"
+    return str(layout.run_dir(R, cell))
+
+
+def base_dir(model):
+    return str(layout.base_dir(R, model))
 
 
 def segment_marker(cell, step):
-    return f"{R}/runs/{cell}/segments/step_{step}.done"
+    return str(layout.segment_marker(layout.run_dir(R, cell), step))
+
+
+def checkpoint_of(cell, step):
+    return str(layout.checkpoint_dir(layout.run_dir(R, cell), step))
+
+
+def samples_of(run, step):
+    return str(layout.samples_dir(run, step))
+
+
+def eval_of(run, step, bench):
+    """(graded samples, metrics) of one benchmark at one step of a run or base directory."""
+    metrics = layout.eval_metrics_file(run, step, bench)
+    return str(metrics.with_name(f"{bench}.jsonl")), str(metrics)
+
+
+def cell_config(cell):
+    return str(layout.cell_config(layout.run_dir(R, cell)))
 
 
 def model_dir(model):
-    return f"{R}/models/{model}"
+    return str(layout.model_dir(R, model))
 
 
 def data_file(dataset):
-    return f"{R}/data/{dataset}.jsonl"
+    return str(layout.data_file(R, dataset))
 
 
 def train_markers():
@@ -153,22 +176,19 @@ def train_markers():
 
 def grade_outputs():
     out = [
-        f"{R}/runs/{c.id}/eval/step_{s}/{b}.metrics.json"
-        for c in CELLS.values()
-        for s in EVAL_STEPS[c.model]
-        for b in BENCHMARKS
+        eval_of(run_dir(c.id), s, b)[1] for c in CELLS.values() for s in EVAL_STEPS[c.model] for b in BENCHMARKS
     ]
     if BASE_EVAL:
-        out += [f"{R}/base/{m}/eval/step_0/{b}.metrics.json" for m in MODELS for b in BENCHMARKS]
+        out += [eval_of(base_dir(m), 0, b)[1] for m in MODELS for b in BENCHMARKS]
     return out
 
 
 def report_outputs():
-    return [f"{R}/tables/{name}" for name in TABLES]
+    return [str(layout.tables_dir(R) / name) for name in TABLES]
 
 
 def report_plots():
-    return f"{R}/tables/plots"
+    return str(layout.tables_dir(R) / "plots")
 
 
 # ---------------------------------------------------------------- arguments

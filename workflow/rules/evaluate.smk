@@ -15,14 +15,14 @@ def _samples(prefix):
 rule generate:
     input:
         # the segment's marker: the checkpoint itself is edited later by the trainer's retention
-        f"{R}/runs/{{cell}}/segments/step_{{step}}.done",
+        segment_marker("{cell}", "{step}"),
     output:
-        _samples(f"{R}/runs/{{cell}}/samples/step_{{step}}"),
+        _samples(samples_of(run_dir("{cell}"), "{step}")),
     log:
         f"{R}/logs/generate/{{cell}}/step_{{step}}.log",
     params:
-        checkpoint=lambda wildcards: f"{run_dir(wildcards.cell)}/checkpoints/step_{wildcards.step}",
-        out=lambda wildcards: f"{run_dir(wildcards.cell)}/samples/step_{wildcards.step}",
+        checkpoint=lambda wildcards: checkpoint_of(wildcards.cell, wildcards.step),
+        out=lambda wildcards: samples_of(run_dir(wildcards.cell), wildcards.step),
         benchmarks=",".join(BENCHMARKS),
         options=lambda wildcards: generate_args(model_of_cell(wildcards)),
     threads: rule_threads("generate", model_of_cell)
@@ -36,13 +36,13 @@ rule generate:
 
 rule generate_base:
     input:
-        f"{R}/models/{{model}}",
+        model_dir("{model}"),
     output:
-        _samples(f"{R}/base/{{model}}/samples/step_0"),
+        _samples(samples_of(base_dir("{model}"), 0)),
     log:
         f"{R}/logs/generate_base/{{model}}.log",
     params:
-        out=lambda wildcards: f"{R}/base/{wildcards.model}/samples/step_0",
+        out=lambda wildcards: samples_of(base_dir(wildcards.model), 0),
         benchmarks=",".join(BENCHMARKS),
         options=lambda wildcards: generate_args(wildcards.model),
     threads: rule_threads("generate_base", model_of_wildcard)
@@ -56,10 +56,10 @@ rule generate_base:
 
 rule grade:
     input:
-        f"{R}/runs/{{cell}}/samples/step_{{step}}/{{bench}}.jsonl",
+        f"{samples_of(run_dir('{cell}'), '{step}')}/{{bench}}.jsonl",
     output:
-        graded=f"{R}/runs/{{cell}}/eval/step_{{step}}/{{bench}}.jsonl",
-        metrics=f"{R}/runs/{{cell}}/eval/step_{{step}}/{{bench}}.metrics.json",
+        graded=eval_of(run_dir("{cell}"), "{step}", "{bench}")[0],
+        metrics=eval_of(run_dir("{cell}"), "{step}", "{bench}")[1],
     log:
         f"{R}/logs/grade/{{cell}}/step_{{step}}/{{bench}}.log",
     threads: rule_threads("grade", model_of_cell)
@@ -73,10 +73,10 @@ rule grade:
 
 rule grade_base:
     input:
-        f"{R}/base/{{model}}/samples/step_0/{{bench}}.jsonl",
+        f"{samples_of(base_dir('{model}'), 0)}/{{bench}}.jsonl",
     output:
-        graded=f"{R}/base/{{model}}/eval/step_0/{{bench}}.jsonl",
-        metrics=f"{R}/base/{{model}}/eval/step_0/{{bench}}.metrics.json",
+        graded=eval_of(base_dir("{model}"), 0, "{bench}")[0],
+        metrics=eval_of(base_dir("{model}"), 0, "{bench}")[1],
     log:
         f"{R}/logs/grade_base/{{model}}/{{bench}}.log",
     threads: rule_threads("grade_base", model_of_wildcard)

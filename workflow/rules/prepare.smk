@@ -16,7 +16,7 @@ rule prepare_model:
     directory that looks finished.
     """
     output:
-        directory(f"{R}/models/{{model}}"),
+        directory(model_dir("{model}")),
     log:
         f"{R}/logs/prepare_model/{{model}}.log",
     params:
@@ -30,7 +30,7 @@ rule prepare_model:
 rule prepare_data:
     """A training dataset as canonical JSONL ($AGGBENCH_DATA_DIR overrides the hub)."""
     output:
-        f"{R}/data/{{dataset}}.jsonl",
+        data_file("{dataset}"),
     log:
         f"{R}/logs/prepare_data/{{dataset}}.log",
     params:
@@ -70,7 +70,7 @@ rule cell_config:
     alone.
     """
     output:
-        f"{R}/runs/{{cell}}/cell.yaml",
+        cell_config("{cell}"),
     log:
         f"{R}/logs/cell_config/{{cell}}.log",
     params:

@@ -15,7 +15,7 @@ rule report:
     log:
         f"{R}/logs/report.log",
     params:
-        out=f"{R}/tables",
+        out=str(layout.tables_dir(R)),
     threads: rule_threads("report")
     resources:
         **rule_resources("report"),

@@ -43,9 +43,9 @@ rule train:
         unpack(train_inputs),
         # ancient: a rewritten cell.yaml (e.g. a new tracking server) applies to the segments still
         # to run; it does not invalidate the trained ones (the trainer would not retrain them).
-        cell=ancient(f"{R}/runs/{{cell}}/cell.yaml"),
+        cell=ancient(cell_config("{cell}")),
     output:
-        touch(f"{R}/runs/{{cell}}/segments/step_{{step}}.done"),
+        touch(segment_marker("{cell}", "{step}")),
     log:
         f"{R}/logs/train/{{cell}}/step_{{step}}.log",
     params:

@@ -46,6 +46,7 @@ from aggbench.data.sources import (
     resolve_data_dir,
 )
 from aggbench.data.spec import DataSpec, load_spec
+from aggbench.graders import get_grader
 
 BENCHMARK_DIR_ENV = "AGGBENCH_BENCHMARK_DIR"
 _PLACEHOLDER = re.compile(r"\{(prompt|starter_code)\}")
@@ -101,7 +102,7 @@ class BenchmarkSpec(DataSpec):
 
     @model_validator(mode="after")
     def _consistent(self) -> BenchmarkSpec:
-        if (self.evalplus is not None) != (self.grader.name == "evalplus"):
+        if (self.evalplus is not None) != (self.grader.entry.record == "evalplus"):
             raise ValueError("grader 'evalplus' and an `evalplus:` source (dataset, version) go together")
         if self.evalplus is not None:
             if self.hub or self.url or self.offline_file or self.builtin:
@@ -123,7 +124,7 @@ class BenchmarkSpec(DataSpec):
         return self
 
     @property
-    def task(self) -> Literal["math", "code", "tiny", "evalplus"]:
+    def task(self) -> str:
         return self.grader.name
 
     def with_date_window(self, start: date | str | None, end: date | str | None) -> BenchmarkSpec:
@@ -145,10 +146,11 @@ class BenchmarkSpec(DataSpec):
 
 
 def _check_fields(label: str, fields: FieldMap, grader: str, answer_from: str) -> None:
-    if grader == "code":
+    record = get_grader(grader).record
+    if record == "tests":
         if not fields.tests:
-            raise ValueError(f"{label}.tests is required for grader 'code'")
-    elif grader == "evalplus":
+            raise ValueError(f"{label}.tests is required for grader {grader!r}")
+    elif record == "evalplus":
         return  # the evalplus loader maps its own fields
     elif answer_from == "boxed_in_solution":
         if not fields.solution:
@@ -226,7 +228,7 @@ def to_record(
         "id": as_text(get(fields.id), where, line, fields.id) if fields.id else f"{spec.name}-{index}"
     }
     record["prompt"] = as_text(get(fields.prompt), where, line, fields.prompt)
-    if spec.grader.name == "code":
+    if spec.grader.entry.record == "tests":
         record.update(_code_fields(fields, row, get, where, line))
         record["public_tests_only"] = bool(public_only or row.get("_public_tests_only", False))
     elif spec.answer_from == "boxed_in_solution":

@@ -27,8 +27,10 @@ from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from aggbench.data.jsonl import DataError, get_field, iter_jsonl
+from aggbench.graders import GraderSpec, get_grader, grader_names
 from aggbench.registry import did_you_mean
 
 # src/aggbench/data/sources.py -> parents[3] is the repository root in the src layout.
@@ -117,8 +119,24 @@ class BuiltinSource(Strict):
 
 
 class Grader(Strict):
-    name: Literal["math", "code", "tiny", "evalplus"]
+    name: str  # a registered grader (aggbench.graders): math, code, tiny, evalplus, or a plugin's
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        valid = grader_names()
+        if name not in valid:
+            raise PydanticCustomError(
+                "unknown_grader",
+                "unknown value '{got}'.{hint} Valid: {valid}",
+                {"got": name, "hint": did_you_mean(name, valid), "valid": ", ".join(valid)},
+            )
+        return name
+
+    @property
+    def entry(self) -> GraderSpec:
+        return get_grader(self.name)
 
 
 class JoinCheck(Strict):

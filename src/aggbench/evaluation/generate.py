@@ -18,7 +18,6 @@ and the MLflow logging of the metrics in ``aggbench.evaluation.mlflow``.
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import time
 import zlib
@@ -183,14 +182,15 @@ def format_prompts(
 
 def record_fields(spec: Any, record: Mapping[str, Any]) -> dict[str, Any]:
     """What scoring needs from a canonical record (answer and grading options, or the tests)."""
-    if spec.grader.name == "code":
+    kind = spec.grader.entry.record
+    if kind == "tests":
         return {
             "tests": record["tests"],
             "func_name": record.get("func_name"),
             "starter_code": record.get("starter_code") or "",
             "public_tests_only": bool(record.get("public_tests_only", False)),
         }
-    if spec.grader.name == "evalplus":  # the grader reloads the inputs through evalplus
+    if kind == "evalplus":  # the grader reloads the inputs through evalplus
         return {
             k: record[k] for k in ("entry_point", "evalplus_dataset", "evalplus_version", "evalplus_hash")
         }
@@ -441,8 +441,6 @@ def evaluate_checkpoint(
 
 def infer_run_dir(checkpoint: str | Path) -> tuple[Path, int] | None:
     """(run dir, step) for ``RUN/checkpoints/step_N``; None for any other directory (a base model)."""
-    p = Path(checkpoint).resolve()
-    m = re.fullmatch(r"step_(\d+)", p.name)
-    if m and p.parent.name == "checkpoints":
-        return p.parent.parent, int(m.group(1))
-    return None
+    from aggbench.layout import run_of_checkpoint
+
+    return run_of_checkpoint(checkpoint)

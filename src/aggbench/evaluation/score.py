@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,7 +17,6 @@ from typing import Any
 from aggbench.files import write_atomic
 
 _NOT_JUDGED = ("timeout", "worker_crashed", "error")
-_CHUNK = 256  # samples per grading call, so the progress bar moves
 
 
 class EvaluationError(ValueError):
@@ -71,88 +69,29 @@ def grade_rows(
     timeout_s: float | None = None,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
-    """One verdict dict per row: ``correct``, ``extracted``, ``reason`` (+ code: ``n_tests``,
-    ``test_results``, ``error_kind``, ``layers``). math: math-verify in worker processes with a
-    hard deadline; code: the sandbox, from worker processes; tiny: exact match of the last box."""
-    from tqdm.auto import tqdm
+    """One verdict dict per row (``correct``, ``extracted``, ``reason``; programs add ``n_tests``,
+    ``test_results``, ``error_kind``, ``layers``), from the registered grader (``aggbench.graders``)."""
+    from aggbench.graders import GradingError, get_grader
+    from aggbench.registry import RegistryError
 
-    if grader == "tiny":
-        return [_grade_tiny(r["response"], str(r["answer"])) for r in rows]
-    if grader == "evalplus":  # HumanEval+/MBPP+: threads driving sandboxes, ground truth shared
-        from aggbench.grading.evalplus_grader import EvalPlusError
-        from aggbench.grading.evalplus_grader import grade_rows as grade_evalplus_rows
-
-        try:
-            return grade_evalplus_rows(rows, workers=workers)
-        except EvalPlusError as exc:
-            raise EvaluationError(str(exc)) from None
-    from aggbench.grading.batch import grading_pool
-
-    if grader not in ("math", "code"):
-        raise EvaluationError(f"unknown grader {grader!r}; valid: math, code, tiny, evalplus")
-    pool, per_test = grading_pool(grader, workers=workers, timeout_s=timeout_s)
-    out: list[dict[str, Any]] = []
-    show = progress and sys.stderr.isatty()
-    with pool, tqdm(total=len(rows), desc=f"grade {grader}", unit="sample", disable=not show) as bar:
-        for start in range(0, len(rows), _CHUNK):
-            batch = rows[start : start + _CHUNK]
-            if grader == "math":
-                out.extend(_grade_math(batch, pool))
-            else:
-                out.extend(_grade_code(batch, pool, per_test))
-            bar.update(len(batch))
-    return out
-
-
-def _grade_tiny(response: str, answer: str) -> dict[str, Any]:
-    from aggbench.tiny.task import extract_boxed, task_reward
-
-    extracted = extract_boxed(response)
-    correct = task_reward(response, answer) > 0
-    reason = "exact_match" if correct else ("no_answer" if extracted is None else "mismatch")
-    return {"correct": correct, "extracted": extracted, "reason": reason}
-
-
-def _grade_math(rows: Sequence[Mapping[str, Any]], pool: Any) -> list[dict[str, Any]]:
-    from aggbench.grading.batch import grade_math_rows
-    from aggbench.grading.rows import math_options
-
-    options = [math_options(r) for r in rows]
-    return [v.to_dict() for v in grade_math_rows(rows, pool, options)]
-
-
-def _grade_code(rows: Sequence[Mapping[str, Any]], pool: Any, per_test: float) -> list[dict[str, Any]]:
-    from aggbench.grading.batch import grade_code_rows
-    from aggbench.grading.rows import decode_tests
-
-    coded = [{**r, "tests": decode_tests(r)} for r in rows]  # a JSON string (LiveCodeBench) -> list
-    out = []
-    for res in grade_code_rows(coded, pool, per_test):
-        tests = res.get("tests") or []
-        failed = next((t for t in tests if not t.get("passed")), None)
-        kind = failed["error_kind"] if failed else None
-        if not res.get("correct") and kind is None:  # no code, or the pool's own failure
-            kind = str(res.get("reason", "")).split(":", 1)[0] or "error"
-        out.append(
-            {
-                "correct": bool(res.get("correct")),
-                "extracted": res.get("extracted"),
-                "reason": str(res.get("reason", "")),
-                "n_tests": res.get("n_tests"),
-                "test_results": tests,
-                "error_kind": kind,
-                "layers": res.get("layers", {}),
-            }
-        )
-    return out
+    try:
+        spec = get_grader(grader)
+    except RegistryError as exc:
+        raise EvaluationError(str(exc)) from None
+    try:
+        return spec.grade_fn()(rows, workers=workers, timeout_s=timeout_s, progress=progress)
+    except GradingError as exc:
+        raise EvaluationError(str(exc)) from None
 
 
 _METRIC = re.compile(r"^(avg|pass|maj)@([1-9][0-9]*)$")
 
 
 def metric_names(grader: str, n: int, spec_metrics: Sequence[str] = ()) -> list[str]:
-    """avg@n, pass@1, pass@n, maj@n (not for code), plus the spec's metrics whose k fits in n."""
-    code = grader in ("code", "evalplus")  # no majority vote over programs
+    """avg@n, pass@1, pass@n, maj@n (not for programs), plus the spec's metrics whose k fits in n."""
+    from aggbench.graders import get_grader
+
+    code = get_grader(grader).programs  # no majority vote over programs
     names = [f"avg@{n}", "pass@1", f"pass@{n}"] + ([f"maj@{n}"] if not code else [])
     for m in spec_metrics:
         match = _METRIC.match(m)
@@ -234,20 +173,19 @@ def score_benchmark(
     """Grade ``samples_path`` with the benchmark's grader; write the graded samples to ``out_path``
     and the metrics to ``<out_path minus .jsonl>.metrics.json``; return the metrics."""
     from aggbench.data.benchmarks import load_benchmark_spec
+    from aggbench.graders import get_grader
 
     spec = load_benchmark_spec(benchmark)
     grader = spec.grader.name
-    need = {"code": ("id", "response", "tests"), "evalplus": ("id", "response", "evalplus_dataset")}.get(
-        grader, ("id", "response", "answer")
-    )
-    numbered = read_numbered(samples_path, required=need)
+    entry = get_grader(grader)
+    numbered = read_numbered(samples_path, required=entry.sample_fields())
     check_samples(samples_path, numbered, spec.name, grader)
     rows = [r for _, r in numbered]
     t0 = time.perf_counter()
     verdicts = grade_rows(grader, rows, workers=workers, timeout_s=timeout_s, progress=progress)
     graded = []
     for r, v in zip(rows, verdicts, strict=True):
-        base = {k: val for k, val in r.items() if not (grader == "code" and k == "tests")}
+        base = {k: val for k, val in r.items() if not (entry.record == "tests" and k == "tests")}
         graded.append({**base, **{k: val for k, val in v.items() if k != "layers"}})
     try:
         metrics = compute_metrics(graded, grader=grader, spec_metrics=spec.metrics, n_boot=n_boot)
@@ -260,10 +198,10 @@ def score_benchmark(
         "grading_s": round(time.perf_counter() - t0, 3),
         "samples": str(Path(samples_path).resolve()),
     }
-    if grader == "code":
+    if entry.record == "tests":
         metrics["public_tests_only"] = any(bool(r.get("public_tests_only")) for r in rows)
         metrics["notes"] = ["public tests only"] if metrics["public_tests_only"] else []
-    if grader in ("code", "evalplus"):
+    if entry.programs:
         metrics["sandbox_layers"] = next((v["layers"] for v in verdicts if v.get("layers")), {})
     out_path = Path(out_path)
     write_jsonl(out_path, graded)

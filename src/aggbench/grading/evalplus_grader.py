@@ -35,6 +35,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from aggbench.graders import GradingError
 from aggbench.grading.code import extract_code
 from aggbench.grading.sandbox import run_batch, run_tests
 from aggbench.grading.sandbox_calls import unpack
@@ -45,7 +46,7 @@ GT_TIME_LIMIT_FACTOR = 4.0  # evalplus.config.DEFAULT_GT_TIME_LIMIT_FACTOR
 _GROUND_TRUTH: dict[tuple[str, str], tuple[dict, dict]] = {}  # (dataset, md5) -> (problems, expected)
 
 
-class EvalPlusError(ValueError):
+class EvalPlusError(GradingError):
     """Samples that cannot be graded against the evalplus data found here (the message says why)."""
 
 

@@ -20,20 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from aggbench.data.jsonl import DataError
+from aggbench.graders import get_grader
 
 TESTTYPES = ("stdin", "functional")
-_NEEDED = {
-    "math": ("response", "answer"),
-    "tiny": ("response", "answer"),
-    "code": ("response", "tests"),
-    "evalplus": ("response",),
-}
 
 
 def check_row(path: str | Path, line: int, row: Mapping[str, Any], task: str) -> None:
     """Raise :class:`DataError` (``path:line: field 'x': why``) unless ``row`` can be graded by the
-    ``task`` grader (math, code, tiny, evalplus)."""
-    needed = _NEEDED.get(task, ("response",))
+    ``task`` grader (any registered grader: its sample fields, then its own row check)."""
+    spec = get_grader(task)
+    needed = spec.sample_fields()[1:]  # a row to grade needs no id (aggbench grade numbers them)
     for field in needed:
         if field not in row:
             raise DataError(
@@ -41,13 +37,14 @@ def check_row(path: str | Path, line: int, row: Mapping[str, Any], task: str) ->
             )
     if not isinstance(row["response"], str):
         raise DataError(path, line, "response", f"expected a string, got {_kind(row['response'])}")
-    if task == "math":
-        _check_math(path, line, row)
-    elif task == "tiny":
-        if not _scalar(row["answer"]):
-            raise DataError(path, line, "answer", f"expected a string or a number, got {row['answer']!r:.80}")
-    elif task == "code":
-        _check_code(path, line, row)
+    check = spec.row_check()
+    if check is not None:
+        check(path, line, row)
+
+
+def check_tiny_row(path: str | Path, line: int, row: Mapping[str, Any]) -> None:
+    if not _scalar(row["answer"]):
+        raise DataError(path, line, "answer", f"expected a string or a number, got {row['answer']!r:.80}")
 
 
 def _scalar(value: Any) -> bool:
@@ -58,7 +55,7 @@ def _kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _check_math(path: str | Path, line: int, row: Mapping[str, Any]) -> None:
+def check_math_row(path: str | Path, line: int, row: Mapping[str, Any]) -> None:
     answer = row["answer"]
     ok = _scalar(answer) or (isinstance(answer, list) and bool(answer) and all(map(_scalar, answer)))
     if not ok:
@@ -94,7 +91,7 @@ def decode_tests(row: Mapping[str, Any]) -> Any:
     return json.loads(tests) if isinstance(tests, str) else tests
 
 
-def _check_code(path: str | Path, line: int, row: Mapping[str, Any]) -> None:
+def check_code_row(path: str | Path, line: int, row: Mapping[str, Any]) -> None:
     try:
         tests = decode_tests(row)
     except json.JSONDecodeError as exc:

@@ -31,6 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from aggbench import layout
 from aggbench.grid import (
     GridError,
     cell_train_config,
@@ -122,7 +123,7 @@ def model_shape(exp: dict, name: str, plan: dict) -> tuple[cm.ModelShape, str]:
     candidates = []
     if m.get("path"):
         candidates.append(Path(m["source"]))
-    candidates.append(Path(exp.get("results_dir", "results")) / "models" / name)
+    candidates.append(layout.model_dir(exp.get("results_dir", "results"), name))
     for directory in candidates:
         if (directory / "config.json").is_file():
             return cm.ModelShape.from_file(directory), str(directory / "config.json")

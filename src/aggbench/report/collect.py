@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aggbench import layout
 from aggbench.grid import Cell, cells, eval_steps, results_dir, total_steps
 from aggbench.report.ingest import base_id, find_runs
 from aggbench.tracking import SENTINEL, metric_history
@@ -156,7 +157,7 @@ def collect(
         data = CellData(
             c,
             run.info.run_id if run else None,
-            (root / "runs" / c.id).is_dir(),
+            layout.run_dir(root, c.id).is_dir(),
             total_steps(exp, c.model),
             eval_steps(exp, c.model),
         )

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aggbench import layout
 from aggbench.grid import cells, results_dir, total_steps
 from aggbench.tracking import (
     SENTINEL,
@@ -39,8 +39,6 @@ from aggbench.tracking import (
 
 CELL_TAG = "aggbench.cell_id"
 KIND_TAG = "aggbench.kind"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-_METRICS_SUFFIX = ".metrics.json"
 
 
 def base_id(model: str) -> str:
@@ -77,11 +75,11 @@ class Source:
     total_steps: int = 0
 
     def rows(self) -> list[dict[str, Any]]:
-        return MetricsLog(self.run_dir / "metrics.jsonl").read()
+        return MetricsLog(layout.metrics_file(self.run_dir)).read()
 
     def committed_step(self, rows: Sequence[dict[str, Any]]) -> int:
         """The latest training step whose metrics are final (see the module docstring)."""
-        done = complete_steps(self.run_dir)
+        done = layout.complete_steps(self.run_dir)
         if done:
             return done[-1]
         # No checkpoint left (deleted after training): only a run that reached its last step counts.
@@ -92,38 +90,22 @@ class Source:
     def evals(self) -> dict[int, dict[str, dict[str, Any]]]:
         """{step: {benchmark: metrics.json content}} of every evaluation on disk."""
         out: dict[int, dict[str, dict[str, Any]]] = {}
-        root = self.run_dir / "eval"
+        root = layout.eval_root(self.run_dir)
         if not root.is_dir():
             return out
         for d in sorted(root.iterdir()):
-            m = _STEP_DIR.match(d.name)
-            if not (m and d.is_dir()):
+            step = layout.step_of(d.name)
+            if step is None or not d.is_dir():
                 continue
-            for f in sorted(d.glob(f"*{_METRICS_SUFFIX}")):
+            for f in sorted(d.glob(f"*{layout.METRICS_SUFFIX}")):
                 if f.name.startswith("."):
                     continue
                 try:
                     content = json.loads(f.read_text())
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{f}: not valid JSON ({exc.msg}); re-run its grade job") from None
-                out.setdefault(int(m.group(1)), {})[f.name[: -len(_METRICS_SUFFIX)]] = content
+                out.setdefault(step, {})[f.name[: -len(layout.METRICS_SUFFIX)]] = content
         return out
-
-
-def complete_steps(run_dir: Path) -> list[int]:
-    """Steps with a complete checkpoint (``checkpoints/step_N/COMPLETE``), ascending.
-
-    Same rule as ``aggbench.train.checkpoint.complete_steps``, restated here so that reading run files
-    does not import torch.
-    """
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    return sorted(
-        int(m.group(1))
-        for d in root.iterdir()
-        if (m := _STEP_DIR.match(d.name)) and (d / "COMPLETE").exists()
-    )
 
 
 def sources(exp: dict) -> list[Source]:
@@ -132,7 +114,7 @@ def sources(exp: dict) -> list[Source]:
     out = [
         Source(
             c.id,
-            root / "runs" / c.id,
+            layout.run_dir(root, c.id),
             "cell",
             {
                 CELL_TAG: c.id,
@@ -149,7 +131,7 @@ def sources(exp: dict) -> list[Source]:
     if exp.get("evaluation", {}).get("base_model", True):
         for model in exp["models"]:
             tags = {CELL_TAG: base_id(model), KIND_TAG: "base", "model": model}
-            out.append(Source(base_id(model), root / "base" / model, "base", tags, 0))
+            out.append(Source(base_id(model), layout.base_dir(root, model), "base", tags, 0))
     return out
 
 
@@ -167,7 +149,7 @@ def open_run(uri: str, experiment: str, cell_id: str, run_dir: Path | None) -> M
         alive = False
     if not alive:
         if run_dir is not None:
-            (Path(run_dir) / "mlflow_run.json").unlink(missing_ok=True)
+            layout.mlflow_marker(run_dir).unlink(missing_ok=True)
         run = MlflowRun(uri, experiment, cell_id, run_dir)
     return run
 

@@ -21,7 +21,6 @@ import contextlib
 import fcntl
 import os
 import pickle
-import re
 import shutil
 import zipfile
 from collections.abc import Iterator
@@ -30,12 +29,11 @@ from typing import Any
 
 import torch
 
+from aggbench.layout import COMPLETE, checkpoint_dir, checkpoints_root, complete_steps
 from aggbench.modeldir import ModelDirError, loading, weights_problem
 
-COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
 SHARDED_DIR = "sharded"
-_STEP_RE = re.compile(r"^step_(\d+)$")
 
 
 class RunLockedError(RuntimeError):
@@ -81,23 +79,6 @@ class RunLock:
             fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
             self._fh.close()
             self._fh = None
-
-
-def checkpoint_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / "checkpoints" / f"step_{step}"
-
-
-def complete_steps(run_dir: Path) -> list[int]:
-    """Steps with a complete checkpoint directory, ascending."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    steps = []
-    for d in root.iterdir():
-        m = _STEP_RE.match(d.name)
-        if m and (d / COMPLETE).exists():
-            steps.append(int(m.group(1)))
-    return sorted(steps)
 
 
 def latest_resumable(run_dir: Path) -> int | None:
@@ -203,7 +184,7 @@ def _nonempty_problem(path: Path) -> str | None:
 
 def clean_partial(run_dir: Path) -> list[Path]:
     """Remove leftovers of interrupted checkpoint writes (``*.tmp-*`` directories)."""
-    root = Path(run_dir) / "checkpoints"
+    root = checkpoints_root(run_dir)
     removed = []
     if root.is_dir():
         for d in root.iterdir():

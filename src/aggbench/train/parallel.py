@@ -46,12 +46,12 @@ import torch
 import torch.distributed as dist
 
 from aggbench.config import ConfigError, TrainConfig
+from aggbench.layout import checkpoint_dir
 from aggbench.train.checkpoint import (
     SHARDED_DIR,
     STATE_FILE,
     RunLock,
     RunLockedError,
-    checkpoint_dir,
     reading,
     save_checkpoint,
 )

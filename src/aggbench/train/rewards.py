@@ -1,4 +1,5 @@
-"""Verifiable rewards for training: the built-in task's exact match, or the math grader.
+"""Verifiable rewards for training, from the grader registry (``aggbench.graders``): the built-in
+task's exact match, the math grader, or any registered grader with a ``reward``.
 
 The math grader is the same one evaluation uses (``aggbench.grading.math``); it runs in worker
 processes with a hard deadline, so a pathological response (``\\boxed{}`` spam, ``10^{10^{10}}``)
@@ -9,30 +10,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from aggbench.graders import get_grader, grader_names
+
 
 class RewardFn:
     """Binary rewards for a batch of responses; ``close()`` stops grading workers."""
 
     def __init__(self, grader: str, *, workers: int | None = None, timeout_s: float = 10.0) -> None:
-        if grader not in ("tiny", "math"):
-            raise ValueError(f"unknown grader {grader!r}; valid: 'tiny', 'math'")
+        valid = grader_names(rewards=True)
+        if grader not in valid:
+            raise ValueError(f"unknown grader {grader!r}; valid: {', '.join(map(repr, valid))}")
         self.grader = grader
+        self.entry = get_grader(grader)
         self.timeout_s = timeout_s
         self.workers = workers
         self._pool: Any = None
 
     def __call__(self, responses: list[str], answers: list[Any]) -> list[float]:
-        if self.grader == "tiny":
-            from aggbench.tiny.task import task_reward
+        reward = self.entry.reward_fn()
+        if self.entry.pooled and self._pool is None:
+            from aggbench.grading.pool import GradingPool
 
-            return [task_reward(r, str(a)) for r, a in zip(responses, answers, strict=True)]
-        from aggbench.grading.math import grade_math_batch
-        from aggbench.grading.pool import GradingPool
-
-        if self._pool is None:
             self._pool = GradingPool(workers=self.workers, timeout_s=self.timeout_s)
-        verdicts = grade_math_batch(responses, answers, pool=self._pool)
-        return [1.0 if v.correct else 0.0 for v in verdicts]
+        return reward(responses, answers, self._pool)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -1,0 +1,123 @@
+"""Where every run file lives under ``results_dir``: the one statement of the layout.
+
+    {results}/models/{model}/                           prepared model (prepare_model)
+    {results}/data/{dataset}.jsonl                      canonical training set (prepare_data)
+    {results}/runs/{cell}/cell.yaml                     the cell's training config
+    {results}/runs/{cell}/metrics.jsonl                 one row per finished step (source of truth)
+    {results}/runs/{cell}/mlflow_run.json               which MLflow run holds the cell
+    {results}/runs/{cell}/checkpoints/step_{N}/COMPLETE a committed checkpoint (written last)
+    {results}/runs/{cell}/segments/step_{N}.done        the train segment that ends at N finished
+    {results}/runs/{cell}/samples/step_{N}/{bench}.jsonl
+    {results}/runs/{cell}/eval/step_{N}/{bench}.jsonl (+ .metrics.json)
+    {results}/base/{model}/...                          the base model's samples/ and eval/ at step 0
+    {results}/tables/                                   the report
+
+The trainer, the evaluator, the ingest and the Snakemake rules (workflow/rules/*.smk, with
+``{cell}``-style wildcards as names) all build paths here. Torch-free and import-free, so reading
+run files never loads a model library.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+RUNS, BASE, CHECKPOINTS = "runs", "base", "checkpoints"
+COMPLETE = "COMPLETE"  # written last inside a checkpoint directory
+METRICS_SUFFIX = ".metrics.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def step_name(step: int | str) -> str:
+    return f"step_{step}"
+
+
+def step_of(name: str) -> int | None:
+    """``step_12`` -> 12; any other name -> None."""
+    m = _STEP_DIR.match(name)
+    return int(m.group(1)) if m else None
+
+
+def model_dir(results: str | Path, model: str) -> Path:
+    return Path(results) / "models" / model
+
+
+def data_file(results: str | Path, dataset: str) -> Path:
+    return Path(results) / "data" / f"{dataset}.jsonl"
+
+
+def run_dir(results: str | Path, cell: str) -> Path:
+    return Path(results) / RUNS / cell
+
+
+def base_dir(results: str | Path, model: str) -> Path:
+    return Path(results) / BASE / model
+
+
+def tables_dir(results: str | Path) -> Path:
+    return Path(results) / "tables"
+
+
+def cell_config(run: str | Path) -> Path:
+    return Path(run) / "cell.yaml"
+
+
+def metrics_file(run: str | Path) -> Path:
+    return Path(run) / "metrics.jsonl"
+
+
+def mlflow_marker(run: str | Path) -> Path:
+    return Path(run) / "mlflow_run.json"
+
+
+def checkpoints_root(run: str | Path) -> Path:
+    return Path(run) / CHECKPOINTS
+
+
+def checkpoint_dir(run: str | Path, step: int | str) -> Path:
+    return checkpoints_root(run) / step_name(step)
+
+
+def segment_marker(run: str | Path, step: int | str) -> Path:
+    return Path(run) / "segments" / f"{step_name(step)}.done"
+
+
+def samples_dir(run: str | Path, step: int | str) -> Path:
+    return Path(run) / "samples" / step_name(step)
+
+
+def eval_root(run: str | Path) -> Path:
+    return Path(run) / "eval"
+
+
+def eval_dir(run: str | Path, step: int | str) -> Path:
+    return eval_root(run) / step_name(step)
+
+
+def eval_metrics_file(run: str | Path, step: int | str, bench: str) -> Path:
+    return eval_dir(run, step) / f"{bench}{METRICS_SUFFIX}"
+
+
+def complete_steps(run: str | Path) -> list[int]:
+    """Steps with a committed checkpoint (``checkpoints/step_N/COMPLETE``), ascending."""
+    root = checkpoints_root(run)
+    if not root.is_dir():
+        return []
+    return sorted(
+        step for d in root.iterdir() if (step := step_of(d.name)) is not None and (d / COMPLETE).exists()
+    )
+
+
+def run_of_checkpoint(checkpoint: str | Path) -> tuple[Path, int] | None:
+    """(run dir, step) for ``RUN/checkpoints/step_N``; None for any other directory (a base model)."""
+    p = Path(checkpoint).resolve()
+    step = step_of(p.name)
+    if step is not None and p.parent.name == CHECKPOINTS:
+        return p.parent.parent, step
+    return None
+
+
+def results_of(run: str | Path) -> Path:
+    """``results/`` for ``results/runs/<cell>`` and ``results/base/<model>``; else the directory itself."""
+    run = Path(run).resolve()
+    return run.parent.parent if run.parent.name in (RUNS, BASE) else run

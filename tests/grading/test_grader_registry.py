@@ -1,0 +1,102 @@
+"""A new grader is one registered function (aggbench.graders): a user's plugin registers it, a
+benchmark YAML names it, and spec validation, record building, `score` and the training reward all
+use it without any other module being edited."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aggbench.data import SpecError, load_benchmark, load_benchmark_spec
+from aggbench.evaluation.score import score_benchmark
+from aggbench.graders import GRADERS, get_grader, grader_names
+from aggbench.registry import load_plugins
+from aggbench.train.rewards import RewardFn
+
+PLUGIN = '''
+from aggbench.graders import register_grader
+
+
+def rewards(responses, answers, pool):
+    return [float(r.endswith(str(a))) for r, a in zip(responses, answers)]
+
+
+@register_grader("toy_suffix", record="answer", reward=rewards)
+def toy_suffix(rows, *, workers=None, timeout_s=None, progress=False):
+    """Right when the response ends with the answer."""
+    out = []
+    for r in rows:
+        ok = r["response"].endswith(str(r["answer"]))
+        out.append({"correct": ok, "extracted": r["response"][-len(str(r["answer"])):], "reason": "suffix"})
+    return out
+'''
+
+BENCHMARK = """
+name: toy_bench
+version: 1
+description: the built-in task's test split, graded by a plugin's grader
+builtin: {name: tiny, split: test, seed: 0, n_train: 16, n_test: 6}
+grader: {name: toy_suffix}
+sampling: {n: 2, temperature: 1.0, top_p: 1.0, max_tokens: 16}
+metrics: [avg@2, pass@2, maj@2]
+"""
+
+
+@pytest.fixture
+def toy_grader(tmp_path):
+    plugin = tmp_path / "toy_grader_plugin.py"
+    plugin.write_text(PLUGIN)
+    load_plugins([str(plugin)])
+    yield get_grader("toy_suffix")
+    GRADERS._entries.pop("toy_suffix", None)  # other tests see the built-ins only
+
+
+def test_builtin_graders_are_registered_in_order():
+    assert grader_names() == ["tiny", "math", "code", "evalplus"]
+    assert grader_names(rewards=True) == ["tiny", "math"]
+    assert get_grader("code").programs and get_grader("code").record == "tests"
+
+
+def test_a_registered_grader_is_usable_from_a_benchmark_yaml(toy_grader, tmp_path):
+    spec_path = tmp_path / "toy_bench.yaml"
+    spec_path.write_text(BENCHMARK)
+    spec = load_benchmark_spec(spec_path)
+    assert spec.grader.name == "toy_suffix"
+    records = load_benchmark(spec)
+    assert len(records) == 6 and all("answer" in r for r in records)
+
+    samples = tmp_path / "samples.jsonl"
+    rows = []
+    for i, r in enumerate(records):  # problem i: sample 0 right for even i, sample 1 always wrong
+        for s in range(2):
+            right = s == 0 and i % 2 == 0
+            response = f"so it is {r['answer']}" if right else "no idea"
+            rows.append({"id": r["id"], "sample": s, "response": response, "answer": r["answer"]})
+    samples.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    metrics = score_benchmark(str(spec_path), samples, tmp_path / "eval.jsonl")
+    assert metrics["grader"] == "toy_suffix"
+    assert metrics["avg@2"] == pytest.approx(3 / 12)  # 3 right samples of 12
+    assert metrics["pass@2"] == pytest.approx(3 / 6)
+    assert "maj@2" in metrics  # an answer grader, not programs: majority vote applies
+    graded = [json.loads(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert [g["reason"] for g in graded] == ["suffix"] * 12
+
+
+def test_an_unknown_grader_is_refused_naming_the_registered_ones(toy_grader, tmp_path):
+    spec_path = tmp_path / "bad.yaml"
+    spec_path.write_text(BENCHMARK.replace("toy_suffix", "toy_sufix"))
+    with pytest.raises(
+        SpecError, match=r"grader\.name: unknown value 'toy_sufix'\. Did you mean 'toy_suffix'\?"
+    ):
+        load_benchmark_spec(spec_path)
+
+
+def test_a_grader_with_a_reward_can_reward_training(toy_grader, tmp_path):
+    from aggbench.config import DatasetConfig
+
+    assert "toy_suffix" in grader_names(rewards=True)
+    assert RewardFn("toy_suffix")(["x = 4", "x = 5"], [4, 4]) == [1.0, 0.0]
+    assert DatasetConfig(path="d.jsonl", grader="toy_suffix").grader == "toy_suffix"
+    with pytest.raises(ValueError, match="grader 'code' cannot reward training"):
+        DatasetConfig(path="d.jsonl", grader="code")
