@@ -17,24 +17,34 @@ from pathlib import Path
 from helpers.support import import_without
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "aggbench"
-FOUNDATION = {"registry", "files", "layout", "devices", "modeldir", "prompts"}
+FOUNDATION = {"registry", "files", "layout", "metric_names", "seeds", "devices", "modeldir", "prompts"}
 
 ALLOWED: dict[str, set[str]] = {
     **{name: set() for name in FOUNDATION},
     "graders": {"registry"},
-    "config": {"files", "graders", "registry"},
+    "config": {"files", "graders", "layout", "registry"},
     "tiny/": set(),
     "aggregation/": {"registry"},
-    "data/": {"files", "graders", "registry", "tiny/"},
+    "data/": {"files", "graders", "metric_names", "registry", "tiny/"},
     "tracking": {"files", "layout", "aggregation/"},
     "grading/": {"data/", "graders", "tiny/"},
-    "grid": {"aggregation/", "config", "data/"},
+    "grid": {"aggregation/", "config", "data/", "layout"},
     "rollout/": set(),
-    "train/": {"aggregation/", "config", "data/", "files", "graders", "grading/", "layout", "modeldir"}
+    "train/": {
+        "aggregation/",
+        "config",
+        "data/",
+        "files",
+        "graders",
+        "grading/",
+        "layout",
+        "modeldir",
+        "seeds",
+    }
     | {"prompts", "registry", "rollout/", "tiny/", "tracking"},
     "evaluation/": {"data/", "devices", "files", "graders", "grading/", "modeldir", "prompts", "rollout/"}
-    | {"layout", "registry", "tiny/", "tracking"},
-    "report/": {"data/", "evaluation/", "files", "grid", "layout", "tracking"},
+    | {"layout", "metric_names", "registry", "seeds", "tiny/", "tracking"},
+    "report/": {"data/", "evaluation/", "files", "grid", "layout", "metric_names", "tracking"},
     "plan/": {"data/", "grid", "layout", "rollout/", "tiny/"},
     "cli/": {"*"},
 }

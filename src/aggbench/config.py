@@ -230,9 +230,9 @@ class TrainConfig(_Strict):
 
     @property
     def resolved_cell_id(self) -> str:
-        return (
-            self.cell_id or f"{self.model.name}__{self.dataset.name}__{self.aggregation.name}__s{self.seed}"
-        )
+        from aggbench.layout import cell_id
+
+        return self.cell_id or cell_id(self.model.name, self.dataset.name, self.aggregation.name, self.seed)
 
     def hash(self) -> str:
         """Short hash of the resolved config (paths excluded, so a moved results folder keeps it)."""

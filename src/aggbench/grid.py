@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from aggbench.layout import cell_id
+
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "experiment.schema.yaml"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -207,10 +209,6 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
                 )
     if problems:
         raise GridError("invalid experiment config:\n  " + "\n  ".join(problems))
-
-
-def cell_id(model: str, dataset: str, aggregation: str, seed: int) -> str:
-    return f"{model}__{dataset}__{aggregation}__s{seed}"
 
 
 def cells(exp: dict) -> list[Cell]:

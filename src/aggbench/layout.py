@@ -28,6 +28,11 @@ METRICS_SUFFIX = ".metrics.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
+def cell_id(model: str, dataset: str, aggregation: str, seed: int) -> str:
+    """A grid cell's id, which names its run directory: ``model__dataset__aggregation__s<seed>``."""
+    return f"{model}__{dataset}__{aggregation}__s{seed}"
+
+
 def step_name(step: int | str) -> str:
     return f"step_{step}"
 

@@ -178,8 +178,8 @@ def test_rollouts_are_written_whole_or_not_at_all(tmp_path):
     path.write_text('{"old": 1}\n')
     rows = [{"group": 0, "x": 1}, {"group": 1, "x": object()}]  # the second row fails mid-write
     with pytest.raises(TypeError):
-        save_rollouts(tmp_path, 1, [(None, None, None, rows)], 4)
+        save_rollouts(tmp_path, 1, rows, 4)
     assert path.read_text() == '{"old": 1}\n'
     assert [p.name for p in path.parent.iterdir()] == ["step_1.jsonl"]  # no temporary file left
-    save_rollouts(tmp_path, 1, [(None, None, None, [{"group": 0, "x": 1}])], 4)
+    save_rollouts(tmp_path, 1, [{"group": 0, "x": 1}], 4)
     assert json.loads(path.read_text()) == {"group": 0, "x": 1}

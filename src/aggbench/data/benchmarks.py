@@ -47,10 +47,10 @@ from aggbench.data.sources import (
 )
 from aggbench.data.spec import DataSpec, load_spec
 from aggbench.graders import get_grader
+from aggbench.metric_names import parse as parse_metric
 
 BENCHMARK_DIR_ENV = "AGGBENCH_BENCHMARK_DIR"
 _PLACEHOLDER = re.compile(r"\{(prompt|starter_code)\}")
-_METRIC = re.compile(r"^(avg|pass|maj)@([1-9][0-9]*)$")
 
 
 class Sampling(Strict):
@@ -116,10 +116,10 @@ class BenchmarkSpec(DataSpec):
             if self.date_window and not fields.date:
                 raise ValueError("date_window needs fields.date (and hub.fields.date when given)")
         for metric in self.metrics:
-            match = _METRIC.match(metric)
-            if not match:
+            parsed = parse_metric(metric)
+            if parsed is None:
                 raise ValueError(f"metric {metric!r} is not one of avg@k, pass@k, maj@k")
-            if int(match.group(2)) > self.sampling.n:
+            if parsed[1] > self.sampling.n:
                 raise ValueError(f"metric {metric!r} needs k <= sampling.n ({self.sampling.n})")
         return self
 

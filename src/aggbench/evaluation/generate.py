@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 import sys
 import time
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from aggbench import seeds
 from aggbench.devices import check_device
 from aggbench.evaluation.mlflow import log_eval_metrics
 from aggbench.evaluation.score import (
@@ -143,11 +143,6 @@ def greedy_generate(
 
     engine = HFEngine(model, tokenizer, batch_size=batch_size)
     return engine.generate_greedy(prompts, max_new_tokens=max_new_tokens)
-
-
-def benchmark_seed(seed: int, benchmark: str) -> int:
-    """The seed of one benchmark: independent of which other benchmarks run alongside it."""
-    return (seed * 1_000_003 + zlib.crc32(benchmark.encode())) % (2**31)
 
 
 def sampling_for(spec: Any, options: GenerateOptions) -> dict[str, Any]:
@@ -316,7 +311,7 @@ def sample_benchmark(
     sampling = sampling_for(spec, options)
     settings = prompt_settings(spec, options)
     texts, ids = format_prompts(spec, records, tokenizer, settings)
-    n, seed = sampling["n"], benchmark_seed(options.seed, spec.name)
+    n, seed = sampling["n"], seeds.benchmark(options.seed, spec.name)
     greedy = sampling["temperature"] == 0
     per_call = options.chunk_prompts or (
         len(ids) if options.engine == "vllm" else max(1, options.batch_size // n)
@@ -342,7 +337,7 @@ def sample_benchmark(
                     temperature=sampling["temperature"],
                     top_p=sampling["top_p"],
                     max_new_tokens=sampling["max_tokens"],
-                    seed=seed + c,
+                    seed=seeds.eval_chunk(seed, c),
                 )
             for i in range(len(roll)):
                 p = start + i // n

@@ -7,15 +7,15 @@ problems (the unit of sampling of a benchmark).
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from aggbench.metric_names import parse as parse_metric
+
 CorrectOfAnswer = Callable[[int, Hashable], bool] | Sequence[Mapping[Hashable, bool]]
-_METRIC = re.compile(r"^(avg|pass|maj)@([1-9][0-9]*)$")
 
 
 def avg_at_k(correct: Any) -> float:
@@ -185,10 +185,10 @@ def _per_problem(
     has_answers: bool,
 ) -> np.ndarray:
     """[P] per-problem scores of one metric name (avg@k / pass@k / maj@k)."""
-    match = _METRIC.match(metric)
-    if not match:
+    parsed = parse_metric(metric)
+    if parsed is None:
         raise ValueError(f"unknown metric {metric!r}; use avg@k, pass@k or maj@k")
-    kind, k = match.group(1), int(match.group(2))
+    kind, k = parsed
     n = correct.shape[1]
     if k > n:
         raise ValueError(f"{metric} needs k <= the {n} samples per problem")

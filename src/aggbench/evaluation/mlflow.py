@@ -12,10 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-
-def mlflow_key(benchmark: str, name: str) -> str:
-    """``eval/{benchmark}/{name}`` with ``@`` spelled ``_at_`` (MLflow refuses ``@`` in metric names)."""
-    return f"eval/{benchmark}/{name.replace('@', '_at_')}"
+from aggbench.metric_names import mlflow_key
 
 
 def eval_metric_values(benchmark: str, metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -7,7 +7,6 @@ Split from ``aggbench.evaluation.generate`` (generation) so each module is one i
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aggbench.files import write_atomic
+from aggbench.metric_names import parse as parse_metric
 
 _NOT_JUDGED = ("timeout", "worker_crashed", "error")
 
@@ -84,9 +84,6 @@ def grade_rows(
         raise EvaluationError(str(exc)) from None
 
 
-_METRIC = re.compile(r"^(avg|pass|maj)@([1-9][0-9]*)$")
-
-
 def metric_names(grader: str, n: int, spec_metrics: Sequence[str] = ()) -> list[str]:
     """avg@n, pass@1, pass@n, maj@n (not for programs), plus the spec's metrics whose k fits in n."""
     from aggbench.graders import get_grader
@@ -94,8 +91,8 @@ def metric_names(grader: str, n: int, spec_metrics: Sequence[str] = ()) -> list[
     code = get_grader(grader).programs  # no majority vote over programs
     names = [f"avg@{n}", "pass@1", f"pass@{n}"] + ([f"maj@{n}"] if not code else [])
     for m in spec_metrics:
-        match = _METRIC.match(m)
-        if match and int(match.group(2)) <= n and not (code and match.group(1) == "maj"):
+        parsed = parse_metric(m)
+        if parsed and parsed[1] <= n and not (code and parsed[0] == "maj"):
             names.append(m)
     return list(dict.fromkeys(names))
 

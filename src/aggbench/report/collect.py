@@ -7,12 +7,11 @@ holds them for the tables (``aggbench.report.tables``) and the plots (``aggbench
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aggbench import layout
+from aggbench import layout, metric_names
 from aggbench.grid import Cell, cells, eval_steps, results_dir, total_steps
 from aggbench.report.ingest import base_id, find_runs
 from aggbench.tracking import SENTINEL, metric_history
@@ -99,13 +98,10 @@ def _steps(steps: Iterable[int]) -> str:
     return ", ".join(map(str, steps)) or "none"
 
 
-_REPORT_METRIC = re.compile(r"^(avg|pass|maj)@(n|[1-9][0-9]*)$")
-
-
 def check_metric_name(metric: str) -> str:
     """``metric`` if ``report --metric`` can tabulate it (avg@n, maj@n, pass@n, or one of them with
     a number k: pass@1, avg@4); else ValueError listing the valid forms."""
-    if not _REPORT_METRIC.match(metric):
+    if not metric_names.is_report_metric(metric):
         raise ValueError(
             f"unknown metric {metric!r}; use avg@n, maj@n or pass@n (n = the benchmark's samples per "
             "problem), or avg@K, maj@K, pass@K with a number K (e.g. pass@1)"
@@ -128,9 +124,7 @@ def metric_name(benchmark: str, metric: str, exp: dict) -> str:
 
 def metric_key(benchmark: str, metric: str, exp: dict) -> str:
     """MLflow key of ``metric`` for one benchmark (see ``metric_name``)."""
-    from aggbench.evaluation.mlflow import mlflow_key
-
-    return mlflow_key(benchmark, metric_name(benchmark, metric, exp))
+    return metric_names.mlflow_key(benchmark, metric_name(benchmark, metric, exp))
 
 
 def metric_label(benchmarks: Sequence[str], metric: str, exp: dict) -> str:
@@ -191,8 +185,8 @@ def _check_metric(keys: Mapping[str, str], runs: Iterable[Any]) -> None:
     for r in runs:
         seen.update(r.data.metrics)
     for bench, key in keys.items():
-        prefix = f"eval/{bench}/"
-        others = sorted(k[len(prefix) :].replace("_at_", "@") for k in seen if k.startswith(prefix))
+        prefix = metric_names.mlflow_prefix(bench)
+        others = sorted(metric_names.from_mlflow(k, bench) for k in seen if k.startswith(prefix))
         if key not in seen and others:
             raise ValueError(
                 f"no run has {key} ({bench}); its metrics in MLflow are: {', '.join(others)}; "

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from aggbench import seeds
 from aggbench.rollout.base import Rollouts
 
 
@@ -88,7 +89,7 @@ def prompt_indices(n_data: int, per_step: int, seed: int, step: int) -> list[int
     for k in range((step - 1) * per_step, step * per_step):
         epoch, pos = divmod(k, n_data)
         if epoch not in perms:
-            gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
+            gen = torch.Generator().manual_seed(seeds.epoch_order(seed, epoch))
             perms[epoch] = torch.randperm(n_data, generator=gen).tolist()
         out.append(perms[epoch][pos])
     return out

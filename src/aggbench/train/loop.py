@@ -27,17 +27,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import logging
 import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from aggbench import seeds
 from aggbench.aggregation import load_plugins, make_instance
 from aggbench.config import TrainConfig, check_resume, dump_config
 from aggbench.data.training import read_training_records
@@ -76,6 +77,40 @@ def _device_and_dtype(cfg: TrainConfig, ranks: parallel.Ranks) -> tuple[torch.de
     return device, torch.float32, contextlib.nullcontext
 
 
+@dataclass
+class Prepared:
+    """What is checked before the run directory, its lock or a model exist (bad input fails first):
+    the plugin files (hashed into the run's tags), the rule instance, the advantage estimator, and
+    the training records (None when nothing is left to train: they are read later if needed)."""
+
+    plugin_files: list[Path]
+    rule: Any
+    estimator: Any
+    records: list[dict] | None
+
+
+@dataclass
+class Policy:
+    """The trained model and what updates it; ``ref_model`` only with a KL term."""
+
+    model: torch.nn.Module
+    ref_model: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    autocast: Any
+
+
+@dataclass
+class StepBatch:
+    """This rank's rows of one rollout batch: packed batch, loss mask [b, T], advantages [b],
+    group ids [b] (global positions in the step's prompt list)."""
+
+    batch: Any
+    mask: torch.Tensor
+    adv: torch.Tensor
+    gids: torch.Tensor
+
+
 def train(
     cfg: TrainConfig,
     out_dir: str | Path,
@@ -91,16 +126,17 @@ def train(
     """
     out, a = Path(out_dir), cfg.algorithm
     # bad input fails here, on every rank, before the run directory, its lock or a model exist
-    resolved = _resolve(cfg)
+    plugin_files, rule, estimator = _resolve(cfg)
     start = checkpoint.latest_resumable(out) or 0
     if start:
         check_resume(out, cfg, allow_change=allow_config_change)
     last = min(until_step or a.total_steps, a.total_steps)
     records = _check_inputs(cfg, start) if start < last else None
+    prep = Prepared(plugin_files, rule, estimator, records)
     ranks = parallel.setup(cfg)
     try:
         with parallel.run_lock(out, ranks):  # creates the run directory
-            return _train_locked(cfg, out, last, quiet or not ranks.main, ranks, (*resolved, records))
+            return _train_locked(cfg, out, last, quiet or not ranks.main, ranks, prep)
     finally:
         parallel.teardown(ranks)
 
@@ -126,7 +162,9 @@ def _check_inputs(cfg: TrainConfig, start: int) -> list[dict]:
     return records
 
 
-def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: parallel.Ranks, prep) -> dict:
+def _train_locked(
+    cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: parallel.Ranks, prep: Prepared
+) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from aggbench.rollout import make_engine
@@ -135,7 +173,7 @@ def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: pa
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     a, s = cfg.algorithm, cfg.sampling
-    plugin_files, rule, estimator, records = prep
+    rule, estimator = prep.rule, prep.estimator
     adv_kwargs = (
         {"std": cfg.advantage.std, "eps": cfg.advantage.eps} if cfg.advantage.estimator == "grpo" else {}
     )
@@ -151,7 +189,7 @@ def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: pa
     if start >= last:
         log.info("%s: already at step %d (asked for %d); nothing to do", cfg.resolved_cell_id, start, last)
         return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": start}
-    records = records if records is not None else _check_inputs(cfg, start)  # (another job ran)
+    records = prep.records if prep.records is not None else _check_inputs(cfg, start)  # (another job ran)
     with checkpoint.opening(out, start, cfg.model.path) as model_dir:  # step_N, or model.path
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
@@ -166,6 +204,7 @@ def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: pa
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda k: min(1.0, (k + 1) / a.warmup_steps) if a.warmup_steps else 1.0
     )
+    policy = Policy(model, ref_model, optimizer, scheduler, autocast)
     if start:  # optimizer (FSDP: and model shards), scheduler, RNG
         state = parallel.load(out, start, model, optimizer, ranks)
         scheduler.load_state_dict(state["scheduler"])
@@ -176,7 +215,7 @@ def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: pa
     if cfg.tracking.enabled and main:
         uri = resolve_tracking_uri(cfg.tracking.tracking_uri, out)
         tracker = MlflowRun(uri, cfg.tracking.experiment, cfg.resolved_cell_id, out)
-        tracker.set_tags(run_tags(cfg, plugin_files))
+        tracker.set_tags(run_tags(cfg, prep.plugin_files))
         tracker.sync(metrics_log.read(), upto=start)  # fills in steps a crash kept from MLflow
 
     reward_fn = RewardFn(cfg.dataset.grader)
@@ -235,32 +274,19 @@ def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: pa
                 adv = torch.where(truncated, torch.zeros_like(adv), adv)
             # ---- 3. updates: weights of each mini-batch computed once, before micro-batching
             t1 = time.perf_counter()
-            upd = _update(
-                cfg,
-                ranks,
-                model,
-                ref_model,
-                optimizer,
-                scheduler,
-                batch,
-                mask,
-                adv,
-                gids,
-                rule,
-                autocast,
-                step,
-            )
+            upd = _update(cfg, ranks, policy, StepBatch(batch, mask, adv, gids), rule, step)
             engine.sync_weights(model)  # vLLM: push the updated policy; HF shares the weights
             t_upd = time.perf_counter() - t1
             # ---- 4. metrics (source of truth first; whole batch, on rank 0), rollouts, checkpoint, MLflow
             sample = step_log.rollout_rows(step, roll, recs, rewards, adv, cfg.rollout.save_rollouts)
             parts = parallel.gather_to_main(
-                (rewards, roll.finished, upd["unit_loss"], sample, ds_rounds), ranks
+                step_log.RankPart(rewards, roll.finished, upd.unit_loss, sample, ds_rounds), ranks
             )
             if main:
                 row = step_log.step_metrics(step, parts, rule, upd, t_gen, t_upd, scheduler)
                 metrics_log.append(row)
-                step_log.save_rollouts(out, step, parts, cfg.rollout.save_rollouts)
+                rows = [r for p in parts for r in p.rollouts]
+                step_log.save_rollouts(out, step, rows, cfg.rollout.save_rollouts)
             if step % cfg.checkpoint.every == 0 or step == last:
                 fault("after_metrics", step)
                 state = {"step": step, "scheduler": scheduler.state_dict()}
@@ -293,7 +319,7 @@ def _rollouts_with_rewards(cfg, engine, tokenizer, records, idx, slots, step, re
     a, s = cfg.algorithm, cfg.sampling
     kept, kept_recs, kept_rewards, rounds = [], [], [], 0
     pending, keys = [idx[j] for j in slots], [("p", j) for j in slots]
-    rng = random.Random(cfg.seed * 7919 + step + 1_000_003 * rank)
+    rng = random.Random(seeds.refill_draws(cfg.seed, step, rank))
     while True:
         recs = [records[i] for i in pending]
         texts = [cfg.dataset.prompt_template.replace("{prompt}", r["prompt"]) for r in recs]
@@ -338,27 +364,28 @@ def _generate(cfg, engine, ids, step, rounds, keys, rank):
         "max_new_tokens": s.max_new_tokens,
     }
     if not cfg.rollout.seed_per_prompt:
-        return engine.generate(
-            ids, seed=cfg.seed * 1_000_003 + step * 101 + rounds + rank * 7_919_000_003, **kw
-        )
+        return engine.generate(ids, seed=seeds.rollout_call(cfg.seed, step, rounds, rank), **kw)
     parts = []
     for g, (prompt, key) in enumerate(zip(ids, keys, strict=True)):
-        digest = hashlib.sha256(repr((cfg.seed, step, rounds, key)).encode()).digest()
-        part = engine.generate([prompt], seed=int.from_bytes(digest[:7], "little"), **kw)
+        part = engine.generate([prompt], seed=seeds.prompt_group(cfg.seed, step, rounds, key), **kw)
         part.group = [g] * len(part)
         parts.append(part)
     return Rollouts.concat(parts)
 
 
 def _update(
-    cfg, ranks, model, ref_model, optimizer, scheduler, batch, mask, adv, gids, rule, autocast, step
-) -> dict:
+    cfg: TrainConfig, ranks: parallel.Ranks, policy: Policy, sb: StepBatch, rule: Any, step: int
+) -> step_log.UpdateTotals:
     """ppo_epochs x mini_batches optimiser updates on one rollout batch (design decision 3).
 
-    ``batch`` holds this rank's rows (all of them on one process); the weights of every mini-batch
+    ``sb`` holds this rank's rows (all of them on one process); the weights of every mini-batch
     come from the whole batch's (lengths, advantages, group ids), all-gathered into ``view``.
     """
     a = cfg.algorithm
+    model, ref_model, optimizer, scheduler, autocast = (
+        policy.model, policy.ref_model, policy.optimizer, policy.scheduler, policy.autocast
+    )  # fmt: skip
+    batch, mask, adv, gids = sb.batch, sb.mask, sb.adv, sb.gids
     settings = _loss_settings(cfg)
     with parallel.full_params(model, ranks):
         old = fixed_logprobs(model, batch, settings, autocast) if a.ppo_epochs * a.mini_batches > 1 else None
@@ -401,7 +428,9 @@ def _update(
             for k, v in stats.items():
                 sums[k] += v
     sums = parallel.sum_over_ranks(sums, ranks)
-    return {**sums, "grad_norm": sum(norms), "updates": len(norms), "unit_loss": unit_loss, "view": view}
+    return step_log.UpdateTotals(
+        **sums, grad_norm=sum(norms), updates=len(norms), unit_loss=unit_loss, view=view
+    )
 
 
 def _widen(x: torch.Tensor, width: int) -> torch.Tensor:

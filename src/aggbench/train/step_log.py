@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,37 +14,72 @@ import torch
 
 from aggbench.aggregation.diagnostics import diagnostics
 from aggbench.files import atomic_writer
+from aggbench.train.global_batch import GlobalView
 
 
-def step_metrics(step, parts, rule, upd, t_gen, t_upd, scheduler) -> dict:
-    """One metrics row of the whole batch; ``parts``: every rank's (rewards, finished, unit loss
-    [b, T], rollout rows, dynamic-sampling rounds) in rank order, the order of ``upd["view"]``."""
-    view = upd["view"]
+@dataclass
+class UpdateTotals:
+    """What one step's optimiser updates add up to (summed over ranks and updates).
+
+    view: the whole batch every rank saw (mask [N, T], advantages [N], group ids [N], rank order);
+    unit_loss: [b, T] this rank's per-token unit PG loss of the first epoch (diagnostics).
+    """
+
+    pg_loss: float
+    kl: float
+    entropy: float
+    clipped: float
+    tokens: float
+    grad_norm: float
+    updates: int
+    unit_loss: torch.Tensor
+    view: GlobalView
+
+
+@dataclass
+class RankPart:
+    """One rank's share of a step, gathered to rank 0 for the metrics row and the rollouts file:
+    rewards and finished flags per response, unit_loss [b, T], rollout rows, sampling rounds."""
+
+    rewards: list[float]
+    finished: list[bool]
+    unit_loss: torch.Tensor
+    rollouts: list[dict]
+    rounds: int
+
+
+def step_metrics(
+    step: int, parts: list[RankPart], rule: Any, upd: UpdateTotals, t_gen: float, t_upd: float, scheduler: Any
+) -> dict:
+    """One metrics row of the whole batch; ``parts``: every rank's share in rank order, the order
+    of ``upd.view``."""
+    view = upd.view
     mask, adv, gids = view.mask, view.advantages, view.group_ids
     unit_loss = torch.zeros(mask.shape, dtype=torch.float64)
     at = 0
-    for _, _, ul, _, _ in parts:
+    for p in parts:
+        ul = p.unit_loss
         w = min(ul.shape[1], mask.shape[1])
         unit_loss[at : at + ul.shape[0], :w] = ul[:, :w]
         at += ul.shape[0]
-    finished = [f for p in parts for f in p[1]]
-    n_upd = max(upd["updates"], 1)
-    r = torch.tensor([x for p in parts for x in p[0]], dtype=torch.float64)
+    finished = [f for p in parts for f in p.finished]
+    n_upd = max(upd.updates, 1)
+    r = torch.tensor([x for p in parts for x in p.rewards], dtype=torch.float64)
     tokens = int(mask.sum())
     row: dict[str, Any] = {"step": step, "time": time.time()}
     row["reward/mean"] = float(r.mean())
     row["accuracy"] = float((r > 0.5).double().mean())
     row["response/truncated_frac"] = 1.0 - sum(finished) / len(finished)
-    row["loss/pg"] = upd["pg_loss"] / n_upd
-    row["loss/kl"] = upd["kl"] / n_upd
-    row["entropy"] = upd["entropy"] / n_upd
-    row["clip_frac"] = upd["clipped"] / max(upd["tokens"], 1.0)
-    row["grad_norm"] = upd["grad_norm"] / n_upd
+    row["loss/pg"] = upd.pg_loss / n_upd
+    row["loss/kl"] = upd.kl / n_upd
+    row["entropy"] = upd.entropy / n_upd
+    row["clip_frac"] = upd.clipped / max(upd.tokens, 1.0)
+    row["grad_norm"] = upd.grad_norm / n_upd
     row["lr"] = scheduler.get_last_lr()[0]
     row["time/generate_s"] = t_gen
     row["time/update_s"] = t_upd
     row["tokens_per_s"] = tokens / max(t_gen + t_upd, 1e-9)
-    row["dynamic_sampling/rounds"] = max(p[4] for p in parts)
+    row["dynamic_sampling/rounds"] = max(p.rounds for p in parts)
     row.update(diagnostics(mask, adv, gids, instances={rule.name: rule}, unit_loss=unit_loss))
     return row
 
@@ -70,11 +106,12 @@ def rollout_rows(step: int, roll, recs, rewards, adv, n: int) -> list[dict]:
     return rows
 
 
-def save_rollouts(out: Path, step: int, parts, n: int) -> None:
-    """The first ``n`` rollouts of the step in group order (groups are whole on one rank)."""
+def save_rollouts(out: Path, step: int, rows: list[dict], n: int) -> None:
+    """The first ``n`` of the step's rollout rows (every rank's) in group order (groups are whole
+    on one rank)."""
     if n <= 0:
         return
-    rows = sorted((row for p in parts for row in p[3]), key=lambda row: row["group"])[:n]
+    rows = sorted(rows, key=lambda row: row["group"])[:n]
     with atomic_writer(out / "rollouts" / f"step_{step}.jsonl") as fh:  # whole or the old file
         fh.writelines(json.dumps(row) + "\n" for row in rows)
 
