@@ -225,11 +225,12 @@ def evaluate_command(
     **kw: Any,
 ) -> None:
     """generate + score + log to MLflow, for one checkpoint."""
-    from aggbench.evaluation.generate import evaluate_checkpoint, infer_run_dir
+    from aggbench.evaluation.evaluate import evaluate_checkpoint
     from aggbench.evaluation.score import EvaluationError
+    from aggbench.layout import run_of_checkpoint
 
     _setup_logging(kw["quiet"])
-    inferred = infer_run_dir(checkpoint)
+    inferred = run_of_checkpoint(checkpoint)
     if inferred is not None and inferred[1] != step:
         raise EvaluationError(f"--step {step} but the checkpoint is {checkpoint} (step {inferred[1]})")
     if run_dir is None and inferred is not None:

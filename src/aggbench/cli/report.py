@@ -15,13 +15,12 @@ Snakemake `report` rule's declared outputs.
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 import click
 
+from aggbench import layout
 from aggbench.cli.common import click_error, out_dir_option, quiet_option
 
 _SHOW = 40  # problems printed in full before "... and N more"
@@ -104,7 +103,7 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
     exp = _load(config)
     with click_error(ValueError):
         check_reported(exp)
-    out = out or results_dir(exp) / "tables"
+    out = out or layout.tables_dir(results_dir(exp))
     uri = tracking_uri(exp)
     client = init_store(uri)
     problems = verify(exp, client)
@@ -133,6 +132,8 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
         from aggbench.report.plots import plot_all
 
         plots = plot_all(col, out / "plots")
+    from aggbench.report.summary import log_summary
+
     run_id = log_summary(uri, exp["experiment"], paths, plots)
     for p in [*paths, *plots]:
         click.echo(str(p))
@@ -140,36 +141,6 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
     flagged = sorted({n for t in tables["last"] for n in t.notes})
     if flagged:
         click.echo(f"{len(flagged)} row note(s) (missing or unfinished cells), see the footnotes", err=True)
-
-
-def _local_path(uri: str) -> Path | None:
-    parsed = urlparse(uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    if parsed.scheme == "" and uri:
-        return Path(uri)
-    return None
-
-
-def log_summary(uri: str, experiment: str, tables: list[Path], plots: list[Path]) -> str:
-    """Log tables and plots to the run ``{experiment}__summary``, replacing its earlier artifacts
-    (deleted first where the artifact store is a local directory; overwritten elsewhere)."""
-    from aggbench.report.ingest import open_run, summary_id
-    from aggbench.tracking import _retry
-
-    run = open_run(uri, experiment, summary_id(experiment), None)  # no marker file under out/
-    client = run.client
-    run.set_tags({"aggbench.kind": "summary"})
-    local = _local_path(client.get_run(run.run_id).info.artifact_uri)
-    if local is not None and local.is_dir():
-        for child in local.iterdir():
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
-    for p in tables:
-        _retry(client.log_artifact, run.run_id, str(p), "tables")
-    for p in plots:
-        _retry(client.log_artifact, run.run_id, str(p), "plots")
-    _retry(client.set_terminated, run.run_id, "FINISHED")
-    return run.run_id
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,4 @@
-"""Checkpoint evaluation: sample every benchmark with the model loaded once, grade, summarise, log.
+"""``aggbench generate``: sample a checkpoint on every benchmark with the model loaded once.
 
 The files are the source of truth; MLflow is fed from them::
 
@@ -11,8 +11,9 @@ The files are the source of truth; MLflow is fed from them::
 
 Every file is written to a temporary name and renamed into place, so a crash never leaves a
 half-written one. torch, transformers and the graders are imported inside the functions that need
-them: importing this module is cheap (the CLI stays fast). Scoring lives in ``aggbench.evaluation.score``
-and the MLflow logging of the metrics in ``aggbench.evaluation.mlflow``.
+them: importing this module is cheap (the CLI stays fast). Scoring lives in ``aggbench.evaluation.score``,
+the MLflow logging of the metrics in ``aggbench.evaluation.mlflow``, and generate + score + log of
+one checkpoint in ``aggbench.evaluation.evaluate``.
 """
 
 from __future__ import annotations
@@ -27,10 +28,8 @@ from typing import Any
 
 from aggbench import seeds
 from aggbench.devices import check_device
-from aggbench.evaluation.mlflow import log_eval_metrics
 from aggbench.evaluation.score import (
     EvaluationError,
-    score_benchmark,
     write_json,
     write_jsonl,
 )
@@ -376,66 +375,3 @@ def _versions() -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- evaluate
-
-
-def evaluate_checkpoint(
-    checkpoint: str | Path,
-    benchmarks: Sequence[str],
-    out_dir: str | Path,
-    step: int,
-    *,
-    options: GenerateOptions | None = None,
-    samples_dir: str | Path | None = None,
-    workers: int | None = None,
-    run_dir: str | Path | None = None,
-    cell_id: str | None = None,
-    tracking_uri: str | None = None,
-    experiment: str = "aggbench",
-    track: bool = True,
-) -> dict[str, Any]:
-    """generate + score every benchmark of one checkpoint, then log to MLflow at ``step``.
-
-    Writes ``out_dir/{benchmark}.jsonl``, ``.metrics.json`` and ``out_dir/evaluation.json``
-    (samples under ``samples_dir``, default ``out_dir/samples``). Returns evaluation.json's content.
-    """
-    options = options or GenerateOptions()
-    out_dir = Path(out_dir)
-    samples_dir = Path(samples_dir) if samples_dir else out_dir / "samples"
-    if track and run_dir is None:
-        raise EvaluationError(
-            "MLflow logging needs the cell's run directory: give --run-dir (or --no-tracking)"
-        )
-    generation = generate_benchmarks(checkpoint, benchmarks, samples_dir, options)
-    metrics = {}
-    for bench in generation["benchmarks"]:
-        metrics[bench] = score_benchmark(
-            bench,
-            samples_dir / f"{bench}.jsonl",
-            out_dir / f"{bench}.jsonl",
-            workers=workers,
-            progress=options.progress,
-        )
-    result: dict[str, Any] = {
-        "checkpoint": generation["checkpoint"],
-        "step": int(step),
-        "samples_dir": str(samples_dir.resolve()),
-        "metrics": metrics,
-    }
-    if track:
-        assert run_dir is not None
-        cell = cell_id or Path(run_dir).resolve().name
-        result["mlflow"] = {
-            "cell_id": cell,
-            **log_eval_metrics(
-                run_dir, cell, step, metrics, tracking_uri=tracking_uri, experiment=experiment
-            ),
-        }
-    write_json(out_dir / "evaluation.json", result)
-    return result
-
-
-def infer_run_dir(checkpoint: str | Path) -> tuple[Path, int] | None:
-    """(run dir, step) for ``RUN/checkpoints/step_N``; None for any other directory (a base model)."""
-    from aggbench.layout import run_of_checkpoint
-
-    return run_of_checkpoint(checkpoint)
