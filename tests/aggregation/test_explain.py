@@ -17,7 +17,7 @@ import torch
 from click.testing import CliRunner
 
 from aggbench.aggregation import builtin_instances, rule_names
-from aggbench.aggregation.core import RULES
+from aggbench.aggregation.contract import RULES
 from aggbench.cli import main
 from helpers.support import REPO_ROOT
 

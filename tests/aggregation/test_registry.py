@@ -19,7 +19,7 @@ from aggbench.aggregation import (
     register_rule,
     rule_names,
 )
-from aggbench.aggregation.core import RULES
+from aggbench.aggregation.contract import RULES
 
 
 def test_builtins_registered_with_versions_and_docstrings():
@@ -98,7 +98,7 @@ def test_plugin_by_module_path_and_file(tmp_path, monkeypatch):
         textwrap.dedent(
             '''
             from aggbench.aggregation import register_rule
-            from aggbench.aggregation.core import check_inputs
+            from aggbench.aggregation.contract import check_inputs
 
             @register_rule("sqrt_len_test")
             def sqrt_len(mask, advantages, group_ids, *, power: float = 0.5):

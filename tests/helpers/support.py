@@ -78,7 +78,7 @@ def random_batch(
 
 def _literal_choices(annotation) -> tuple | None:
     if isinstance(annotation, str):
-        from aggbench.aggregation.core import Scope
+        from aggbench.aggregation.contract import Scope
 
         try:
             annotation = eval(annotation, {"Literal": typing.Literal, "Scope": Scope})  # noqa: S307

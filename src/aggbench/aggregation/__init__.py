@@ -5,30 +5,27 @@ Public API::
     from aggbench.aggregation import register_rule, get_rule, rule_names, RuleInstance, make_instance
     from aggbench.aggregation import check_inputs, broadcast, safe_reciprocal   # helpers for a rule
 
-Plugins import from here only; the modules behind it (core, rules, diagnostics, explain) may move.
+Plugins import from here only; the modules behind it (contract, ops, rules, diagnostics, explain) may move.
     eff = RuleInstance("balanced", "balanced")(mask, advantages, group_ids)   # [B, T]
 """
 
 # The built-in rules register themselves on import; every import of an aggregation module runs this
 # package first, so the registry is never seen without them.
 from aggbench.aggregation import rules  # noqa: E402,F401,I001
-from aggbench.aggregation.core import (
+from aggbench.aggregation.contract import (
     AggregationFn,
     AggregationInputError,
     RuleInstance,
     RuleSpec,
     Scope,
-    broadcast,
     builtin_instances,
     check_inputs,
     get_rule,
-    groups_of,
     make_instance,
-    mask_from_lengths,
     register_rule,
     rule_names,
-    safe_reciprocal,
 )
+from aggbench.aggregation.ops import broadcast, groups_of, mask_from_lengths, safe_reciprocal
 from aggbench.registry import RegistryError, load_plugins
 
 __all__ = [

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from aggbench.aggregation.core import RuleInstance, builtin_instances, check_inputs, groups_of
+from aggbench.aggregation.contract import RuleInstance, builtin_instances, check_inputs
+from aggbench.aggregation.ops import groups_of
 
 
 def sign_weights(eff_adv: Tensor, advantages: Tensor) -> tuple[float, float]:

@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from aggbench.aggregation.core import RuleInstance, mask_from_lengths
+from aggbench.aggregation.contract import RuleInstance
 from aggbench.aggregation.diagnostics import sign_weights
+from aggbench.aggregation.ops import mask_from_lengths
 from aggbench.train.advantages import get_advantage
 
 GroupLabel = int | str

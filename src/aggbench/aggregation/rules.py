@@ -16,14 +16,8 @@ from typing import Literal
 
 from torch import Tensor
 
-from aggbench.aggregation.core import (
-    Scope,
-    broadcast,
-    check_inputs,
-    groups_of,
-    register_rule,
-    safe_reciprocal,
-)
+from aggbench.aggregation.contract import Scope, check_inputs, register_rule
+from aggbench.aggregation.ops import broadcast, groups_of, safe_reciprocal
 
 
 def _lengths_and_groups(mask: Tensor, advantages: Tensor, group_ids: Tensor, include_zero_groups: bool):

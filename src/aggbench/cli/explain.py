@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from aggbench.aggregation.core import RuleInstance, builtin_instances, get_rule, rule_names
+from aggbench.aggregation.contract import RuleInstance, builtin_instances, get_rule, rule_names
 from aggbench.aggregation.explain import (
     BatchInputError,
     check_counts,
