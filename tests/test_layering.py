@@ -22,6 +22,7 @@ FOUNDATION = {"registry", "files", "layout", "metric_names", "seeds", "devices",
 ALLOWED: dict[str, set[str]] = {
     **{name: set() for name in FOUNDATION},
     "graders": {"registry"},
+    "modeldir": {"tiny/"},  # prepare-model builds the tiny model (tiny/ imports nothing of aggbench)
     "config": {"files", "graders", "layout", "registry"},
     "tiny/": set(),
     "aggregation/": {"registry"},

@@ -1,5 +1,7 @@
-"""Model directories a user names (``model.path``, ``--checkpoint``): checked before loading, and
-load failures reported as one line naming the directory instead of a transformers traceback.
+"""Model directories: prepared (``aggbench prepare-model``: the built-in tiny model, a local copy or
+a hub snapshot, written atomically with an ``aggbench_model.json`` record), and, where a user names
+one (``model.path``, ``--checkpoint``), checked before loading, load failures reported as one line
+naming the directory instead of a transformers traceback.
 
 transformers' own errors for these cases are misleading ("Repo id must be in the form ..." for a
 local path that does not exist, a sentencepiece hint for an empty folder, ``header too small`` for
@@ -10,9 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import struct
+import time
 from collections.abc import Iterator
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
+
+MARKER = "aggbench_model.json"
+TINY = "tiny"
 
 
 class ModelDirError(ValueError):
@@ -85,3 +95,175 @@ def loading(path: str | Path, *, what: str) -> Iterator[None]:
         if type(exc).__name__ != "SafetensorError":
             raise
         raise ModelDirError(f"cannot load {what} {path}: weights file unreadable ({exc})") from exc
+
+
+# --------------------------------------------------------------------------- prepare-model
+
+
+def _request(
+    name: str, revision: str | None, seed: int, sft_steps: int, task: dict[str, Any]
+) -> dict[str, Any]:
+    """The fields that identify a prepared directory: a rerun with the same ones is a no-op."""
+    if name == TINY:
+        return {"name": name, "seed": seed, "sft_steps": sft_steps, "task": task}
+    return {"name": name, "revision": revision}
+
+
+def _check_existing(out_dir: Path, request: dict[str, Any], force: bool) -> bool:
+    """True when ``out_dir`` already holds this request (skip); raises when it holds something else."""
+    if not out_dir.exists():
+        return False
+    marker = out_dir / MARKER
+    if force:
+        return False
+    if not marker.is_file():
+        raise ModelDirError(
+            f"{out_dir} exists but has no {MARKER}, so it is not a finished aggbench model directory "
+            "(perhaps a copy made by hand, or another tool's output); pass --force to replace it, or "
+            "choose another --out"
+        )
+    try:
+        recorded = json.loads(marker.read_text())
+    except json.JSONDecodeError as err:
+        raise ModelDirError(f"{marker} is not valid JSON ({err}); pass --force to rebuild") from err
+    old = {k: recorded.get(k) for k in request}
+    if old != request:
+        diff = ", ".join(f"{k}: {old[k]!r} -> {request[k]!r}" for k in request if old[k] != request[k])
+        raise ModelDirError(
+            f"{out_dir} was prepared with different settings ({diff}); pass --force to rebuild it, "
+            "or choose another --out"
+        )
+    return True
+
+
+def _download(name: str, revision: str | None, into: Path) -> None:
+    """Fetch a hub snapshot into ``into``; offline and not-found failures get an actionable message."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    how = (
+        f"to prepare it offline, download it where the hub is reachable "
+        f"(`hf download {name}{' --revision ' + revision if revision else ''} --local-dir SOME_DIR`), "
+        f"copy SOME_DIR here and run `aggbench prepare-model SOME_DIR --out ...`, or point the "
+        "config's model at that local directory"
+    )
+    try:
+        snapshot_download(repo_id=name, revision=revision, local_dir=into)
+    except RevisionNotFoundError as err:
+        raise ModelDirError(f"model {name!r} has no revision {revision!r} on the hub ({err})") from err
+    except GatedRepoError as err:
+        raise ModelDirError(
+            f"model {name!r} is gated: accept its licence on the hub and log in (`hf auth login`) ({err})"
+        ) from err
+    except RepositoryNotFoundError as err:
+        raise ModelDirError(
+            f"no model {name!r} on the hub (check the id; private repos need `hf auth login`). "
+            f"NAME must be 'tiny', a local directory or a hub model id ({type(err).__name__})"
+        ) from err
+    except (LocalEntryNotFoundError, OSError) as err:
+        # LocalEntryNotFoundError: HF_HUB_OFFLINE is set, or the hub could not be reached and nothing
+        # is cached; connection errors from requests/httpx are OSError subclasses.
+        raise ModelDirError(
+            f"cannot download {name!r}: the Hugging Face hub is unreachable from this machine "
+            f"({type(err).__name__}: {err}); {how}"
+        ) from err
+
+
+def _check_name(name: str) -> None:
+    """NAME must be 'tiny', a model directory (holding config.json), or a well-formed hub id;
+    anything else fails here, before any download or copy."""
+    if name == TINY:
+        return
+    if Path(name).exists():
+        require_model_dir(
+            name,
+            what="NAME",
+            fix="a local NAME must be a model directory in save_pretrained format (config.json, "
+            "weights, tokenizer files), e.g. a `hf download ... --local-dir` folder",
+        )
+        return
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ModelDirError(
+            f"NAME {name!r} is not 'tiny', not an existing directory, and not a valid hub id "
+            "(MODEL or ORG/MODEL of letters, digits, '-', '_', '.'); check the path or the model id"
+        ) from None
+
+
+def prepare_model(
+    name: str,
+    out_dir: Path,
+    *,
+    revision: str | None = None,
+    seed: int = 0,
+    sft_steps: int | None = None,
+    worked_fraction: float | None = None,
+    verbosity: int | None = None,
+    probe_prompts: int = 32,
+    force: bool = False,
+    quiet: bool = False,
+) -> dict[str, Any] | None:
+    """Prepare ``name`` in ``out_dir`` (see ``aggbench prepare-model``); returns what was recorded in
+    its ``aggbench_model.json``, or None when ``out_dir`` already held this request (nothing done)."""
+    from aggbench.tiny.model import DEFAULT_SFT_STEPS  # cheap: torch is imported lazily there
+    from aggbench.tiny.task import TaskConfig
+
+    out_dir = Path(out_dir)
+    overrides = {"worked_fraction": worked_fraction, "verbosity": verbosity}
+    task = replace(TaskConfig(), **{k: v for k, v in overrides.items() if v is not None})
+    sft_steps = DEFAULT_SFT_STEPS if sft_steps is None else sft_steps
+    task_fields = asdict(task)
+    request = _request(name, revision, seed, sft_steps, task_fields)
+    if _check_existing(out_dir, request, force):
+        return None
+    _check_name(name)
+
+    tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    try:
+        record: dict[str, Any] = dict(request)
+        if name == TINY:
+            from aggbench.tiny.model import build_and_warm_start
+
+            facts = build_and_warm_start(
+                tmp,
+                seed=seed,
+                sft_steps=sft_steps,
+                task=task,
+                progress=not quiet,
+                probe_prompts=probe_prompts,
+            )
+            record.update(facts)
+            record["sampled_accuracy"] = facts["probe"]["accuracy"] if facts.get("probe") else None
+        elif Path(name).is_dir():
+            shutil.copytree(name, tmp, symlinks=False)
+            record["source"] = str(Path(name).resolve())
+        else:
+            _download(name, revision, tmp)
+            record["source"] = "huggingface_hub"
+        record["seconds"] = round(time.monotonic() - t0, 1)
+        (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
+        if out_dir.exists() and force:
+            shutil.rmtree(out_dir)
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:
+            # another job finished the same directory while this one was building: keep theirs
+            # when it is the same request, fail as usual otherwise
+            if not _check_existing(out_dir, request, force=False):
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return record
