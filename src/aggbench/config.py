@@ -464,6 +464,12 @@ def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None)
         )
     for dotted, value in (overrides or {}).items():
         _apply_override(data, dotted, value)
+    plugins = data.get("plugins")
+    if isinstance(plugins, list) and all(isinstance(p, str) for p in plugins):
+        # before validation: a plugin may register what the config names (a grader for the reward)
+        from aggbench.registry import load_plugins
+
+        load_plugins(plugins, search_paths=[Path.cwd()])
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:

@@ -100,3 +100,20 @@ def test_a_grader_with_a_reward_can_reward_training(toy_grader, tmp_path):
     assert DatasetConfig(path="d.jsonl", grader="toy_suffix").grader == "toy_suffix"
     with pytest.raises(ValueError, match="grader 'code' cannot reward training"):
         DatasetConfig(path="d.jsonl", grader="code")
+
+
+def test_a_cell_config_names_a_plugin_grader_as_its_reward(tmp_path):
+    """`aggbench train` reads the cell config with the plugins it lists already imported."""
+    from aggbench.config import load_train_config
+
+    plugin = tmp_path / "toy_reward_plugin.py"
+    plugin.write_text(PLUGIN.replace("toy_suffix", "toy_reward"))
+    cell = tmp_path / "cell.yaml"
+    cell.write_text(
+        f"plugins: [{plugin}]\nmodel: {{name: tiny, path: {tmp_path}}}\n"
+        f"dataset: {{name: toy, path: {tmp_path / 'train.jsonl'}, grader: toy_reward}}\n"
+    )
+    try:
+        assert load_train_config(cell).dataset.grader == "toy_reward"
+    finally:
+        GRADERS._entries.pop("toy_reward", None)
