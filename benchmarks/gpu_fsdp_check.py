@@ -56,7 +56,7 @@ def fsdp_config(args: argparse.Namespace, model: Path, data: Path, device: str, 
     cfg.distributed.strategy = "fsdp"
     cfg.distributed.activation_checkpointing = True
     cfg.checkpoint.every = 2
-    cfg.rollout.seed_per_prompt = True  # rollouts independent of which rank samples which prompt
+    cfg.rollout.seeding = "prompt"  # rollouts independent of which rank samples which prompt
     return cfg
 
 

@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
     "tracking": {"files", "layout", "aggregation/"},
     "grading/": {"data/", "graders", "tiny/"},
     "grid": {"aggregation/", "config", "data/", "layout"},
-    "rollout/": set(),
+    "rollout/": {"seeds"},
     "train/": {
         "aggregation/",
         "config",

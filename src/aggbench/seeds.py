@@ -37,7 +37,18 @@ def rollout_call(seed: int, step: int, round_: int, rank: int) -> int:
 
 
 def prompt_group(seed: int, step: int, round_: int, key: Hashable) -> int:
-    """Training, ``rollout.seed_per_prompt``: one prompt group, from its position ``key`` in the
+    """Training, ``rollout.seeding: prompt``: one prompt group, from its position ``key`` in the
     step, so rollouts do not depend on how prompts are split over ranks (56 bits)."""
     digest = hashlib.sha256(repr((seed, step, round_, key)).encode()).digest()
+    return int.from_bytes(digest[:7], "little")
+
+
+def request(call_seed: int, position: int) -> int:
+    """Rollout engines: the prompt at ``position`` of a generate call seeded with ``call_seed``.
+
+    vLLM seeds child sample j of a request with ``seed + j``, so one seed for a whole call would make
+    the j-th samples of all its prompts share a noise stream, and consecutive seeds would share G - 1
+    streams. Per-prompt seeds are therefore hashed (56 bits): their runs of G never overlap in practice.
+    """
+    digest = hashlib.sha256(repr(("request", call_seed, position)).encode()).digest()
     return int.from_bytes(digest[:7], "little")

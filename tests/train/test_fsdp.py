@@ -2,7 +2,7 @@
 
 FSDP2's ``fully_shard`` runs on CPU with gloo in torch 2.13, so the FSDP path itself is tested
 (no DDP stand-in). Both sides train the tiny model for 2 steps in float64 with
-``rollout.seed_per_prompt`` (each prompt group sampled on its own seed, so the rollouts do not
+``rollout.seeding: prompt`` (each prompt group sampled on its own seed, so the rollouts do not
 depend on which rank samples which prompt), 2 mini-batches per step and micro-batches of 3 (so the
 ranks' micro-batches differ from the one process's). What must hold:
 
@@ -66,7 +66,7 @@ def _cell(path: Path, model: Path, data: Path, rule: str, **over) -> Path:
         "sampling": {"max_new_tokens": 32},
         # and at step 1 where a run stops there; token's step 1 is the reference of 1-step runs
         "checkpoint": {"every": 1 if rule == "token" else 2},
-        "rollout": {"save_rollouts": 16, "seed_per_prompt": True},
+        "rollout": {"save_rollouts": 16, "seeding": "prompt"},
         "tracking": {"enabled": False},
         "distributed": {"strategy": "fsdp", "activation_checkpointing": rule == "balanced"},
     }

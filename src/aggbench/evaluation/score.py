@@ -141,6 +141,8 @@ def compute_metrics(
             "ci_high": out[f"avg@{n}_ci"][1],
             "mean_length": float(np.mean(lengths)) if lengths else None,
             "truncation_rate": float(np.mean([x == "length" for x in reasons])) if reasons else None,
+            # prompts with no room in the model's context (aggbench.evaluation.context), graded wrong
+            "not_generated": sum(x == "prompt_too_long" for x in reasons),
         }
     )
     return out

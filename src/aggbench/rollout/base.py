@@ -63,10 +63,15 @@ class RolloutEngine(Protocol):
         n: int,
         temperature: float,
         top_p: float,
-        max_new_tokens: int,
-        seed: int,
+        max_new_tokens: int | list[int],
+        seed: int | list[int] | None,
     ) -> Rollouts:
-        """Sample ``n`` responses for each tokenised prompt; groups are numbered 0..len(prompts)-1."""
+        """Sample ``n`` responses for each tokenised prompt; groups are numbered 0..len(prompts)-1.
+
+        max_new_tokens: one budget for every prompt, or one per prompt. seed: one int seeds the call
+        (its prompts still draw independent samples), a list seeds each prompt (results then do not
+        depend on which other prompts share the call), None is unseeded (not bit-reproducible).
+        """
         ...
 
     def sync_weights(self, model: Any) -> None:

@@ -31,27 +31,47 @@ class HFEngine:
         n: int,
         temperature: float,
         top_p: float,
-        max_new_tokens: int,
-        seed: int,
+        max_new_tokens: int | list[int],
+        seed: int | list[int] | None,
     ) -> Rollouts:
-        torch.manual_seed(seed)  # sampling is a pure function of (weights, prompts, seed)
-        flat = [(g, p) for g, p in enumerate(prompts) for _ in range(n)]
+        """``n`` samples per prompt. seed: one int seeds the call (rows draw one after another from
+        one generator, so they are independent); a list seeds each prompt, one generate call per
+        prompt; None leaves torch's generator as it is. max_new_tokens: one budget, or one per
+        prompt (generated to the largest, each response cut at its own: the same distribution)."""
         sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
-        return self._decode(flat, max_new_tokens, sampling)
+        budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
+        if len(budgets) != len(prompts):
+            raise ValueError(f"max_new_tokens: {len(budgets)} values for {len(prompts)} prompts")
+        if not isinstance(seed, list):
+            if seed is not None:
+                torch.manual_seed(seed)  # sampling is a pure function of (weights, prompts, seed)
+            flat = [(g, p) for g, p in enumerate(prompts) for _ in range(n)]
+            return self._decode(flat, budgets, sampling)
+        if len(seed) != len(prompts):
+            raise ValueError(f"seed: {len(seed)} values for {len(prompts)} prompts")
+        parts = []
+        for g, (prompt, s, b) in enumerate(zip(prompts, seed, budgets, strict=True)):
+            torch.manual_seed(s)
+            part = self._decode([(0, prompt)] * n, [b], sampling)
+            part.group = [g] * len(part)
+            parts.append(part)
+        return Rollouts.concat(parts)
 
     @torch.no_grad()
-    def generate_greedy(self, prompts: list[list[int]], *, max_new_tokens: int) -> Rollouts:
+    def generate_greedy(self, prompts: list[list[int]], *, max_new_tokens: int | list[int]) -> Rollouts:
         """Greedy decoding (argmax at every step), the temperature -> 0 limit of sampling: one
         response per prompt, group = prompt index. Padding changes floating-point reduction order,
         so ``batch_size=1`` is the exactly reproducible setting (the lm-eval cross-check uses it)."""
         sampling = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-        return self._decode(list(enumerate(prompts)), max_new_tokens, sampling)
+        budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
+        return self._decode(list(enumerate(prompts)), budgets, sampling)
 
     def _decode(
-        self, flat: list[tuple[int, list[int]]], max_new_tokens: int, sampling: dict[str, Any]
+        self, flat: list[tuple[int, list[int]]], budgets: list[int], sampling: dict[str, Any]
     ) -> Rollouts:
         """One response per (group, prompt ids) pair, ``batch_size`` at a time: left-padded
-        input_ids [b, T] and attention_mask [b, T]; a response is cut after its first EOS."""
+        input_ids [b, T] and attention_mask [b, T]; a response is cut after its first EOS, or at
+        its group's budget ``budgets[group]``."""
         device = next(self.model.parameters()).device
         was_training = self.model.training
         self.model.eval()
@@ -69,12 +89,12 @@ class HFEngine:
                     input_ids=ids.to(device),
                     attention_mask=attn.to(device),
                     **sampling,
-                    max_new_tokens=max_new_tokens,
+                    max_new_tokens=max(budgets[g] for g, _ in chunk),
                     pad_token_id=self.pad_id,
                     eos_token_id=self.eos_ids,
                 )[:, width:].cpu()
                 for i, (g, p) in enumerate(chunk):
-                    resp = gen[i].tolist()
+                    resp = gen[i].tolist()[: budgets[g]]
                     cut = next((j + 1 for j, t in enumerate(resp) if t in self.eos_ids), None)
                     finished = cut is not None
                     resp = resp[:cut] if finished else resp

@@ -44,7 +44,7 @@ from aggbench.config import TrainConfig, check_resume, dump_config
 from aggbench.data.training import read_training_records
 from aggbench.modeldir import loading, require_weights
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_tags
-from aggbench.train import batching, checkpoint, parallel, step_log
+from aggbench.train import batching, checkpoint, engine_checks, parallel, step_log
 from aggbench.train.advantages import get_advantage
 from aggbench.train.global_batch import gather_minibatch
 from aggbench.train.update import LossSettings, accumulate_gradients, fixed_logprobs, minibatch_weights
@@ -229,6 +229,9 @@ def _train_locked(
         tensor_parallel_size=cfg.rollout.tensor_parallel_size,
         max_model_len=cfg.sampling.max_prompt_tokens + cfg.sampling.max_new_tokens,
         seed=cfg.seed,
+        dtype=cfg.rollout.dtype,
+        enable_sleep_mode=cfg.rollout.enable_sleep_mode,
+        in_process=True,  # the weight push needs tensors to reach the worker (rollout/vllm.py)
     )
     prompt_kw = {
         "system_prompt": cfg.model.system_prompt,
@@ -236,6 +239,7 @@ def _train_locked(
         "chat_template": cfg.model.chat_template,
     }
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    probe = None  # (prompt, response) the engine and the policy score after every push
     bar = step_log.progress(
         range(start + 1, last + 1), quiet, cfg.resolved_cell_id, initial=start, total=a.total_steps
     )
@@ -275,12 +279,18 @@ def _train_locked(
             # ---- 3. updates: weights of each mini-batch computed once, before micro-batching
             t1 = time.perf_counter()
             upd = _update(cfg, ranks, policy, StepBatch(batch, mask, adv, gids), rule, step)
-            engine.sync_weights(model)  # vLLM: push the updated policy; HF shares the weights
+            # vLLM: push the updated policy (and check it arrived); HF shares the weights
+            probe = probe or _push_probe(cfg, roll)
+            checks = _engine_checks(roll, upd, lengths)
+            own = functools.partial(_own, policy, probe, ranks)
+            before, after = engine_checks.push_and_check(engine, model, probe, own)
+            if checks is not None:
+                checks.push_before, checks.push_after = before, after
             t_upd = time.perf_counter() - t1
             # ---- 4. metrics (source of truth first; whole batch, on rank 0), rollouts, checkpoint, MLflow
             sample = step_log.rollout_rows(step, roll, recs, rewards, adv, cfg.rollout.save_rollouts)
             parts = parallel.gather_to_main(
-                step_log.RankPart(rewards, roll.finished, upd.unit_loss, sample, ds_rounds), ranks
+                step_log.RankPart(rewards, roll.finished, upd.unit_loss, sample, ds_rounds, checks), ranks
             )
             if main:
                 row = step_log.step_metrics(step, parts, rule, upd, t_gen, t_upd, scheduler)
@@ -353,24 +363,43 @@ def _rollouts_with_rewards(cfg, engine, tokenizer, records, idx, slots, step, re
 
 
 def _generate(cfg, engine, ids, step, rounds, keys, rank):
-    """G samples of each prompt; with ``rollout.seed_per_prompt`` each group on its own seed."""
-    from aggbench.rollout.base import Rollouts
-
+    """G samples of each prompt in one engine call, seeded as ``rollout.seeding`` says."""
     a, s = cfg.algorithm, cfg.sampling
-    kw = {
-        "n": a.group_size,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "max_new_tokens": s.max_new_tokens,
-    }
-    if not cfg.rollout.seed_per_prompt:
-        return engine.generate(ids, seed=seeds.rollout_call(cfg.seed, step, rounds, rank), **kw)
-    parts = []
-    for g, (prompt, key) in enumerate(zip(ids, keys, strict=True)):
-        part = engine.generate([prompt], seed=seeds.prompt_group(cfg.seed, step, rounds, key), **kw)
-        part.group = [g] * len(part)
-        parts.append(part)
-    return Rollouts.concat(parts)
+    seeding = cfg.rollout.seeding
+    if seeding == "prompt":  # a function of the prompt's position in the step, not of the rank split
+        seed = [seeds.prompt_group(cfg.seed, step, rounds, key) for key in keys]
+    elif seeding == "call":
+        seed = seeds.rollout_call(cfg.seed, step, rounds, rank)
+    else:
+        seed = None
+    return engine.generate(
+        ids,
+        n=a.group_size,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        max_new_tokens=s.max_new_tokens,
+        seed=seed,
+    )
+
+
+def _push_probe(cfg: TrainConfig, roll: Any) -> tuple[list[int], list[int]] | None:
+    """The fixed (prompt, response) of ``rollout.check_weight_push``: this rank's first rollout."""
+    if cfg.rollout.engine != "vllm" or not cfg.rollout.check_weight_push or not len(roll):
+        return None
+    return list(roll.prompt_ids[0]), list(roll.response_ids[0])
+
+
+def _engine_checks(roll: Any, upd: step_log.UpdateTotals, lengths: list[int]):
+    """This rank's log-prob gap to the engine, when the engine returned log-probs."""
+    if roll.logprobs is None:
+        return None
+    return engine_checks.logprob_gap(roll.logprobs, upd.behaviour, lengths)
+
+
+def _own(policy: Policy, probe: tuple[list[int], list[int]], ranks: parallel.Ranks) -> list[float]:
+    """The updated policy's log-probs of the probe (FSDP: every rank runs it, parameters gathered)."""
+    with parallel.full_params(policy.model, ranks):
+        return engine_checks.policy_logprobs(policy.model, *probe, autocast=policy.autocast)
 
 
 def _update(
@@ -395,6 +424,8 @@ def _update(
     view.mask = _widen(view.mask, parallel.max_over_ranks(mask.shape[1], ranks))  # the batch's width
     row_map = view.row_map()  # position in the view -> this rank's row (-1: another rank's)
     unit_loss = torch.zeros(mask.shape, dtype=torch.float64)
+    # the behaviour log-probs: `old` when computed, else those of the one (on-policy) pass
+    seen = torch.zeros(mask.shape, dtype=torch.float64) if old is None else None
     sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0}
     norms = []
     for epoch in range(a.ppo_epochs):
@@ -418,6 +449,7 @@ def _update(
                 ref=ref,
                 autocast=autocast,
                 unit_loss_out=unit_loss if epoch == 0 else None,
+                logp_out=seen if epoch == 0 else None,
                 after_backward=lambda: fault("mid_step", step),
             )
             parallel.finish_backward(model, batch, owed, settings, autocast, ranks)  # SUM over ranks
@@ -429,7 +461,12 @@ def _update(
                 sums[k] += v
     sums = parallel.sum_over_ranks(sums, ranks)
     return step_log.UpdateTotals(
-        **sums, grad_norm=sum(norms), updates=len(norms), unit_loss=unit_loss, view=view
+        **sums,
+        grad_norm=sum(norms),
+        updates=len(norms),
+        unit_loss=unit_loss,
+        view=view,
+        behaviour=old.float() if old is not None else seen.float(),
     )
 
 

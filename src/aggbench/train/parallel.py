@@ -27,7 +27,7 @@ CPU. Why the update equals the one-process update:
   ``sync_weights`` gathers the sharded parameters whole into it after each update
   (``aggbench.rollout.vllm``).
 
-Rollouts depend on how prompts are split unless ``rollout.seed_per_prompt`` seeds each group's
+Rollouts depend on how prompts are split unless ``rollout.seeding: prompt`` seeds each group's
 sampling from (seed, step, group id); with it (and fp64) N ranks reproduce the one-process run.
 """
 

@@ -14,6 +14,8 @@ import torch
 
 from aggbench.aggregation.diagnostics import diagnostics
 from aggbench.files import atomic_writer
+from aggbench.train import engine_checks
+from aggbench.train.engine_checks import EngineStats
 from aggbench.train.global_batch import GlobalView
 
 
@@ -22,7 +24,8 @@ class UpdateTotals:
     """What one step's optimiser updates add up to (summed over ranks and updates).
 
     view: the whole batch every rank saw (mask [N, T], advantages [N], group ids [N], rank order);
-    unit_loss: [b, T] this rank's per-token unit PG loss of the first epoch (diagnostics).
+    unit_loss: [b, T] this rank's per-token unit PG loss of the first epoch (diagnostics);
+    behaviour: [b, T] this rank's log-probs of the sampled tokens before the update (``old``).
     """
 
     pg_loss: float
@@ -34,18 +37,21 @@ class UpdateTotals:
     updates: int
     unit_loss: torch.Tensor
     view: GlobalView
+    behaviour: torch.Tensor
 
 
 @dataclass
 class RankPart:
     """One rank's share of a step, gathered to rank 0 for the metrics row and the rollouts file:
-    rewards and finished flags per response, unit_loss [b, T], rollout rows, sampling rounds."""
+    rewards and finished flags per response, unit_loss [b, T], rollout rows, sampling rounds, and
+    what the rollout engine's checks found (None: the engine returns no log-probs)."""
 
     rewards: list[float]
     finished: list[bool]
     unit_loss: torch.Tensor
     rollouts: list[dict]
     rounds: int
+    engine: EngineStats | None = None
 
 
 def step_metrics(
@@ -80,6 +86,7 @@ def step_metrics(
     row["time/update_s"] = t_upd
     row["tokens_per_s"] = tokens / max(t_gen + t_upd, 1e-9)
     row["dynamic_sampling/rounds"] = max(p.rounds for p in parts)
+    row.update(engine_checks.merge([p.engine for p in parts]))
     row.update(diagnostics(mask, adv, gids, instances={rule.name: rule}, unit_loss=unit_loss))
     return row
 

@@ -94,6 +94,7 @@ def accumulate_gradients(
     ref: Tensor | None = None,
     autocast: Callable = contextlib.nullcontext,
     unit_loss_out: Tensor | None = None,
+    logp_out: Tensor | None = None,
     after_backward: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Backward over micro-batches of ``mb[local]``; returns loss statistics (sums).
@@ -101,7 +102,8 @@ def accumulate_gradients(
     batch: the packed rollout batch; mask [B, T] (loss mask, may exclude filtered responses);
     adv [B]; mb: row indices of this mini-batch in the batch; local: positions inside ``mb`` this
     process handles; eff, aux_w: [len(mb), T] computed on the whole mini-batch; old / ref: [B, T]
-    behaviour / reference log-probs (``old=None``: on-policy, ratio 1 with the gradient of logp).
+    behaviour / reference log-probs (``old=None``: on-policy, ratio 1 with the gradient of logp);
+    unit_loss_out / logp_out [B, T]: filled with each row's unit PG loss / log-probs when given.
     """
     stats = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0}
     for pos in split_rows(local, settings.micro_batch_size):
@@ -130,6 +132,8 @@ def accumulate_gradients(
             unit_loss_out[rows, :t_w] = (
                 unit_pg_loss(logp.detach(), o.detach(), sign, **settings.clip).double().cpu()
             )
+        if logp_out is not None:
+            logp_out[rows, :t_w] = logp.detach().double().cpu()
         stats["pg_loss"] += float(pg.detach())
         stats["kl"] += float(kl.detach())
         stats["entropy"] += float(ent_term.detach())

@@ -1,8 +1,11 @@
-"""The trainer's side of `rollout.engine: vllm`, on CPU, against a fake ``vllm`` module.
+"""The trainer's side of `rollout.engine: vllm` on a GPU-like platform (sleep mode), against a FAKE
+``vllm`` module.
 
-vLLM is NOT exercised (it needs a GPU). The fake ``LLM`` keeps its own copy of the weights, loaded
-from the checkpoint directory as vLLM does, samples from it with transformers, and applies weight
-pushes the way aggbench's worker extension asks vLLM to (``load_weights`` by Hugging Face name).
+vLLM is NOT exercised here: the real engine trains in the ``vllm`` leg (tests/rollout/
+test_vllm_real.py), but on CPU, which has no sleep mode; this fake is what tests the sleep/wake
+sequence a GPU run goes through. The fake ``LLM`` keeps its own copy of the weights, loaded from the
+checkpoint directory as vLLM does, samples from it with transformers, and applies weight pushes by
+Hugging Face name.
 What the real trainer must then show over 2 steps:
 
 * the engine is built once, from the run's model directory, with ``max_model_len`` = the longest
@@ -15,7 +18,6 @@ What the real trainer must then show over 2 steps:
 
 from __future__ import annotations
 
-import itertools
 import types
 
 import pytest
@@ -47,13 +49,15 @@ class GeneratingLLM:
         assert not self.asleep, "generate while asleep"
         self.events.append("generate")
         prompts = [r["prompt_token_ids"] for r in requests]
+        assert isinstance(params, list) and len(params) == len(prompts)  # one SamplingParams per prompt
+        (first,) = {(p["n"], p["temperature"], p["top_p"]) for p in params}
         roll = self.engine.generate(
             prompts,
-            n=params["n"],
-            temperature=params["temperature"],
-            top_p=params["top_p"],
-            max_new_tokens=params["max_tokens"],
-            seed=params["seed"],
+            n=first[0],
+            temperature=first[1],
+            top_p=first[2],
+            max_new_tokens=[p["max_tokens"] for p in params],
+            seed=[p["seed"] for p in params],
         )
         results = []
         for g in range(len(prompts)):
@@ -81,13 +85,16 @@ class GeneratingLLM:
 
     def collective_rpc(self, method, args=()):
         assert method == "aggbench_load_weights" and not self.asleep
-        (bucket,) = args
+        (weights,) = args
         known = dict(self.model.named_parameters())
-        for name, tensor in bucket:
+        count = 0
+        for name, tensor in weights:
+            count += 1
             assert name in known, f"pushed {name}, which the engine's model does not have"
             with torch.no_grad():
                 known[name].copy_(tensor)
         self.events.append("load")
+        return [count]
 
     def reset_prefix_cache(self):
         self.events.append("reset")
@@ -102,7 +109,9 @@ def fake_vllm(monkeypatch):
 
 def test_trainer_drives_the_vllm_engine(fake_vllm, tmp_path, tiny_sft_model, tiny_train_data):
     cell = write_cell(tmp_path / "cell.yaml", tiny_sft_model, tiny_train_data, steps=2, every=1)
-    cfg = load_train_config(cell, {"rollout.engine": "vllm", "device": "cpu"})
+    # the push check scores with prompt_logprobs, which this fake does not model (the real leg runs it)
+    over = {"rollout.engine": "vllm", "device": "cpu", "rollout.check_weight_push": False}
+    cfg = load_train_config(cell, over)
     train(cfg, tmp_path / "run", quiet=True)
 
     (kw,) = fake_vllm.made
@@ -110,8 +119,7 @@ def test_trainer_drives_the_vllm_engine(fake_vllm, tmp_path, tiny_sft_model, tin
     assert kw["max_model_len"] == cfg.sampling.max_prompt_tokens + cfg.sampling.max_new_tokens
     assert kw["gpu_memory_utilization"] == cfg.rollout.gpu_memory_utilization and kw["seed"] == cfg.seed
     (llm,) = fake_vllm.instances
-    collapsed = [e for e, _ in itertools.groupby(llm.events)]  # one "load" per bucket, collapsed
-    assert collapsed == ["generate", "sleep", "wake", "load", "reset"] * 2, llm.events
+    assert llm.events == ["generate", "sleep", "wake", "load", "reset"] * 2, llm.events
 
     rows = metrics_rows(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]

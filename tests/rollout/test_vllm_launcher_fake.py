@@ -1,14 +1,15 @@
-"""vLLM inside torchrun, the CPU-testable parts: the engine's arguments and the FSDP weight export.
+"""vLLM's GPU-side arguments and the FSDP weight export, against a FAKE ``vllm`` module.
 
-vLLM is not installed here and there is no GPU: the engine itself is NOT exercised. What is tested:
+The engine itself is NOT exercised here (it is, on CPU, in the ``vllm`` leg: tests/rollout/
+test_vllm_real.py). What is tested:
 
 * ``VLLMEngine.from_model`` against a fake ``vllm`` module (put in ``sys.modules``) whose ``LLM``
-  records its keyword arguments: under torchrun (``WORLD_SIZE`` > 1) it asks for vLLM's
-  ``external_launcher`` with the run's seed and without vLLM's lockstep ``data_parallel_size``
-  (ranks call ``generate`` different numbers of times: see ``aggbench.rollout.vllm``); one process
-  gets exactly the arguments it got before; a TP size that does not divide the world is an error
-  naming the field; ``sync_weights`` pushes every exported tensor once, in buckets, then resets
-  vLLM's prefix cache.
+  records its keyword arguments, on a fake GPU platform: under torchrun (``WORLD_SIZE`` > 1) it asks
+  for vLLM's ``external_launcher`` with the run's seed and without vLLM's lockstep
+  ``data_parallel_size`` (ranks call ``generate`` different numbers of times: see
+  ``aggbench.rollout.vllm``); one process gets exactly its arguments; a TP size that does not
+  divide the world is an error naming the field; on a platform without sleep mode it is turned
+  off; ``sync_weights`` pushes every exported tensor once in one call, then resets the prefix cache.
 * The weight export of an FSDP2-sharded model (2 gloo ranks under torchrun, the trainer's own
   ``parallel.prepare_model``): every rank gets the same names, shapes, dtypes and values as
   ``export_weights`` of the unsharded model (tied ``lm_head`` dropped, bf16 cast).
@@ -45,8 +46,11 @@ class FakeLLM:
         self.events: list[str] = []
 
     def collective_rpc(self, method, args=()):
-        self.rpcs.append((method, args))
+        (weights,) = args
+        pairs = list(weights)  # in process: the generator itself arrives
+        self.rpcs.append((method, pairs))
         self.events.append(method)
+        return [len(pairs)]
 
     def reset_prefix_cache(self):
         self.events.append("reset_prefix_cache")
@@ -78,6 +82,7 @@ def test_one_process_keeps_its_arguments(fake_vllm, monkeypatch):
             "enable_sleep_mode": True,
             "worker_extension_cls": "aggbench.rollout.vllm.WeightSyncExtension",
             "seed": 7,
+            "logprobs_mode": "processed_logprobs",
         }
     ]
     _build(monkeypatch, 1)  # torchrun --nproc_per_node 1 is one process too
@@ -116,23 +121,44 @@ def test_trainer_refuses_vllm_tensor_parallel_under_torchrun(tmp_path, monkeypat
         parallel.setup(load_train_config(cell, over))
 
 
-def test_sync_weights_pushes_every_tensor_once_in_buckets(fake_vllm, monkeypatch):
+def test_sync_weights_pushes_every_tensor_once(fake_vllm, monkeypatch):
     model = tiny_model().float()
-    engine = _build(monkeypatch, None)
-    engine.bucket_bytes = 8 * 1024  # small enough for several buckets
+    engine = _build(monkeypatch, None, in_process=True)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     engine.sync_weights(model)
     rpcs = engine.llm.rpcs
-    assert len(rpcs) > 1 and {m for m, _ in rpcs} == {"aggbench_load_weights"}
+    assert [m for m, _ in rpcs] == ["aggbench_load_weights"]
     # then the prefix cache (KV blocks computed with the old weights) is dropped, once
-    assert engine.llm.events == ["aggbench_load_weights"] * len(rpcs) + ["reset_prefix_cache"]
-    pushed = [pair for _, (bucket,) in rpcs for pair in bucket]
+    assert engine.llm.events == ["aggbench_load_weights", "reset_prefix_cache"]
+    ((_, pushed),) = rpcs
     expected = export_weights(model, torch.bfloat16)
     assert [n for n, _ in pushed] == [n for n, _ in expected]
     for (_, got), (_, want) in zip(pushed, expected, strict=True):
         assert got.dtype == torch.bfloat16 and torch.equal(got, want)
-    for _, (bucket,) in rpcs:  # a bucket over the limit holds one tensor only
-        size = sum(t.numel() * t.element_size() for _, t in bucket)
-        assert size <= engine.bucket_bytes or len(bucket) == 1
+
+
+def test_float32_push_and_no_push_out_of_process(fake_vllm, monkeypatch):
+    model = tiny_model().float()
+    engine = _build(monkeypatch, None, in_process=True, dtype="float32")
+    assert fake_vllm.made[-1]["dtype"] == "float32"
+    engine.sync_weights(model)
+    ((_, pushed),) = engine.llm.rpcs
+    assert {t.dtype for _, t in pushed} == {torch.float32}
+    separate = _build(monkeypatch, None)  # aggbench generate's engine: its own process
+    with pytest.raises(RuntimeError, match="in_process=True"):
+        separate.sync_weights(model)
+
+
+def test_sleep_mode_is_dropped_where_the_platform_has_none(monkeypatch, caplog):
+    install(monkeypatch, FakeLLM, cpu=True, sleep_mode=False)
+    with caplog.at_level("WARNING", logger="aggbench.rollout.vllm"):
+        engine = _build(monkeypatch, None, enable_sleep_mode=True, max_model_len=300)
+    kw = FakeLLM.made[-1]
+    assert kw["enable_sleep_mode"] is False and engine.sleep_between is False
+    assert "rollout.enable_sleep_mode is off" in caplog.text
+    # CPU: no chunked prefill (seeded requests crash vLLM-CPU when a prompt is split), eager mode
+    assert kw["enable_chunked_prefill"] is False and kw["enforce_eager"] is True
+    assert kw["max_num_batched_tokens"] >= 300
 
 
 @pytest.mark.slow

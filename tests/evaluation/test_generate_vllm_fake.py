@@ -1,9 +1,9 @@
-"""`aggbench generate --engine vllm` on CPU, against a fake ``vllm`` module (vLLM is NOT exercised).
+"""`aggbench generate --engine vllm` against a FAKE ``vllm`` module on a fake GPU platform.
 
-vLLM needs a GPU, so what is tested here is aggbench's side of the evaluator's vLLM path: the
-engine's arguments (the tensor-parallel size from the command line, which the generate rule takes
-from its job's GPUs), the requests and sampling parameters it sends, and how the returned
-completions become sample rows. The fake ``LLM`` answers every request with fixed completions.
+vLLM is NOT exercised here: the real engine generates in the ``vllm`` leg (tests/evaluation/
+test_generate_vllm_real.py), on CPU. What this adds is the GPU-side argument the CPU build cannot
+show: the tensor-parallel size from the command line (which the generate rule takes from its
+job's GPUs), and how completions become sample rows with fixed, known texts.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ class FakeLLM:
     def generate(self, requests, params, use_tqdm=True):
         FakeLLM.calls.append((requests, params))
         results = []
-        for _ in requests:
+        assert isinstance(params, list) and len(params) == len(requests)  # one SamplingParams per prompt
+        for _, prm in zip(requests, params, strict=True):
             outputs = []
-            for k in range(params["n"]):
+            for k in range(prm["n"]):
                 ids = self.tok(str(k), add_special_tokens=False)["input_ids"]
                 lps = [{t: types.SimpleNamespace(logprob=-0.5)} for t in ids]
                 outputs.append(
@@ -82,10 +83,11 @@ def test_vllm_generate_spans_the_given_gpus_and_writes_the_completions(
     tok = AutoTokenizer.from_pretrained(tiny_model)
     prompts = [r["prompt"] for r in rows if r["sample"] == 0]
     assert requests == [{"prompt_token_ids": tok(p, add_special_tokens=False)["input_ids"]} for p in prompts]
-    assert (params["n"], params["max_tokens"], params["logprobs"]) == (2, 8, 0)
+    assert {(p["n"], p["max_tokens"], p["logprobs"]) for p in params} == {(2, 8, 0)}
+    assert len({p["seed"] for p in params}) == len(params)  # each prompt its own noise
     info = json.loads((out / "generation.json").read_text())
     assert info["options"]["tensor_parallel_size"] == 2
-    assert params["temperature"] == info["benchmarks"]["tiny_test"]["sampling"]["temperature"]
+    assert {p["temperature"] for p in params} == {info["benchmarks"]["tiny_test"]["sampling"]["temperature"]}
 
     assert [(r["sample"], r["response"], r["finish_reason"]) for r in rows] == [
         (j, str(j), "stop") for _ in prompts for j in (0, 1)

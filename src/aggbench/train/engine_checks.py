@@ -1,0 +1,110 @@
+"""What the trainer checks of a rollout engine that samples from its own copy of the weights (vLLM).
+
+Two per-step diagnostics, as verl and TRL log them:
+
+- ``rollout/logprob_gap_mean`` / ``_max``: |engine log-prob - trainer log-prob| of every sampled
+  response token, the trainer's being the behaviour log-probs the update used (same temperature).
+  Kernels and dtypes make it small but non-zero; a jump means the engine samples from something
+  other than the policy (a failed push, stale prefix cache, a top-p the trainer does not apply).
+- ``rollout/push_diff_before`` / ``_after``: after each weight push, the engine's log-probs of one
+  fixed (prompt, response) (the run's first rollout, scored with ``prompt_logprobs``) against the
+  updated policy's own; ``before`` is the same comparison just before the push (the control:
+  non-zero whenever the update moved the weights), ``after`` must be ~0 (float32: < 1e-3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from aggbench.train.logprobs import response_logprobs
+
+
+@dataclass
+class EngineStats:
+    """One rank's share: gap sums over its response tokens and its push comparison (max abs)."""
+
+    gap_sum: float = 0.0
+    gap_max: float = 0.0
+    gap_tokens: int = 0
+    push_before: float | None = None
+    push_after: float | None = None
+
+
+def logprob_gap(engine_lps: list[list[float]], trainer: Tensor, lengths: list[int]) -> EngineStats:
+    """Gap sums of one rank. engine_lps: per response, one log-prob per token; trainer: [B, T]
+    behaviour log-probs, response-aligned (token t of row i at ``trainer[i, t]``)."""
+    stats = EngineStats()
+    for i, (lps, n) in enumerate(zip(engine_lps, lengths, strict=True)):
+        if not n:
+            continue
+        if len(lps) != n:
+            raise ValueError(
+                f"the engine returned {len(lps)} log-probs for a response of {n} tokens (row {i})"
+            )
+        d = (torch.tensor(lps, dtype=torch.float64) - trainer[i, :n].double()).abs()
+        stats.gap_sum += float(d.sum())
+        stats.gap_max = max(stats.gap_max, float(d.max()))
+        stats.gap_tokens += n
+    return stats
+
+
+@torch.no_grad()
+def policy_logprobs(
+    model: torch.nn.Module,
+    prompt: list[int],
+    response: list[int],
+    autocast: Callable = contextlib.nullcontext,
+) -> list[float]:
+    """The model's own log-probs [T] of ``response`` after ``prompt`` (temperature 1, one row)."""
+    dev = next(model.parameters()).device
+    ids = torch.tensor([list(prompt) + list(response)], device=dev)
+    with autocast():
+        logp, _ = response_logprobs(model, ids, torch.ones_like(ids), len(response))
+    return logp[0].double().cpu().tolist()
+
+
+def max_abs_diff(a: list[float], b: list[float]) -> float:
+    return float((torch.tensor(a, dtype=torch.float64) - torch.tensor(b, dtype=torch.float64)).abs().max())
+
+
+def push_and_check(
+    engine: Any,
+    model: torch.nn.Module,
+    probe: tuple[list[int], list[int]] | None,
+    own: Callable[[], list[float]],
+) -> tuple[float | None, float | None]:
+    """Push ``model`` into ``engine``; with a probe, (before, after) max abs log-prob differences
+    between the engine and ``own()`` (the updated policy's log-probs of the probe)."""
+    if probe is None:
+        engine.sync_weights(model)
+        return None, None
+    before = engine.score(*probe)
+    engine.sync_weights(model)
+    after = engine.score(*probe)
+    mine = own()
+    return max_abs_diff(before, mine), max_abs_diff(after, mine)
+
+
+def merge(parts: list[EngineStats | None]) -> dict[str, float]:
+    """The metrics row's entries from every rank's share (empty when the engine returned none)."""
+    got = [p for p in parts if p is not None]
+    if not got:
+        return {}
+    row: dict[str, float] = {}
+    tokens = sum(p.gap_tokens for p in got)
+    if tokens:
+        row["rollout/logprob_gap_mean"] = sum(p.gap_sum for p in got) / tokens
+        row["rollout/logprob_gap_max"] = max(p.gap_max for p in got)
+    before = [p.push_before for p in got if p.push_before is not None]
+    after = [p.push_after for p in got if p.push_after is not None]
+    if before:
+        row["rollout/push_diff_before"] = max(before)
+    if after:
+        row["rollout/push_diff_after"] = max(after)
+    return row
