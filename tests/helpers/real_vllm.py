@@ -27,7 +27,10 @@ def require_vllm() -> Any:
 
 
 def subprocess_env() -> dict[str, str]:
-    """The environment of an ``aggbench`` command that starts vLLM: a small CPU KV cache."""
+    """The environment of an ``aggbench`` command that starts vLLM: a small CPU KV cache, and vLLM's
+    default process layout (an in-process engine of this test session set
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` in os.environ; the command decides for itself)."""
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     return env

