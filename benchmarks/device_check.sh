@@ -37,6 +37,6 @@ step gpu_check 180 python3 benchmarks/gpu_check.py --json "$out/gpu_check.json"
 step gpu_fsdp_check 180 python3 -m torch.distributed.run --standalone --nproc_per_node "$gpus" \
     benchmarks/gpu_fsdp_check.py --json "$out/gpu_fsdp_check.json"
 step pytest_gpu 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/plan/test_plan.py \
-    tests/train/test_gpu_fsdp_check.py tests/rollout/test_vllm_engine_cpu.py
+    tests/train/test_gpu_fsdp_check.py tests/rollout/test_vllm_parts.py
 cat "$out/summary.txt"
 ! grep -qv "exit 0," "$out/summary.txt"

@@ -11,6 +11,10 @@ over fp32 master weights, AdamW) for a few steps on one GPU and reports
   estimate for the same settings (``aggbench.plan.estimate.train_job_memory``: the larger of the update
   and the rollout phase; prompt width = the longest prompt of the data).
 
+- where vLLM is installed (the `gpu` extra): the weight push into a colocated vLLM engine, proven as
+  the ``vllm`` leg proves it on CPU (``aggbench.train.engine_checks.push_roundtrip``: zeroed,
+  perturbed and restored weights; bf16 on the GPU, so "equal" is within 5e-2), and the push time.
+
 Run it whenever a GPU is available and record the printed README line (date, GPU, numbers)::
 
     .venv/bin/python benchmarks/gpu_check.py [--steps 4] [--prompts 8] [--group 8] [--json out.json]
@@ -218,10 +222,47 @@ def main(argv: list[str] | None = None) -> int:
         f"README: | {datetime.date.today()} | {gpu} | {result['generate_tokens_per_s']:,.0f} | "
         f"{result['update_tokens_per_s']:,.0f} | {measured} (plan {est['peak'] / mib:,.1f} MiB) |"
     )
+    push = vllm_push_check(model) if device == "cuda" else None
     if args.json:
         args.json.write_text(json.dumps({"device": gpu, "torch": torch.__version__, "args": {
-            k: str(v) for k, v in vars(args).items()}, **result, "plan_estimate": est}, indent=2))  # fmt: skip
+            k: str(v) for k, v in vars(args).items()}, **result, "plan_estimate": est,
+            "vllm_push": push}, indent=2))  # fmt: skip
+    if push is not None and push.get("ok") is False:
+        return 1
     return 0
+
+
+def vllm_push_check(model_dir: Path) -> dict | None:
+    """The push roundtrip on a bf16 vLLM engine on this GPU (None, with a line, without vLLM)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        print("vllm push check: skipped (vLLM is not installed: pip install 'aggbench[gpu]')")
+        return None
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aggbench.rollout import make_engine
+    from aggbench.train.engine_checks import push_roundtrip
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
+    engine = make_engine(
+        "vllm", None, tok, model_path=str(model_dir), dtype="bfloat16", in_process=True,
+        gpu_memory_utilization=0.3, max_model_len=512,
+    )  # fmt: skip
+    prompt = tok("<|bos|><|user|>6 + 2<|eos|><|assistant|>", add_special_tokens=False)["input_ids"]
+    response = tok("8<|eos|>", add_special_tokens=False)["input_ids"]
+    t0 = time.perf_counter()
+    engine.sync_weights(model)
+    push_s = time.perf_counter() - t0
+    check = push_roundtrip(engine, model, prompt, response)
+    ok = check["zeroed_vs_uniform"] < 1e-3 and check["perturbed"] < 5e-2 and check["restored"] < 5e-2
+    ok = ok and check["zeroed_vs_own"] > 0.1 and check["perturbed_vs_own"] > 5e-2
+    print(f"vllm push check ({'ok' if ok else 'FAILED'}): push {push_s:.3f} s; " + ", ".join(
+        f"{k} {v:.2e}" for k, v in check.items()))  # fmt: skip
+    engine.close()
+    return {**check, "push_s": push_s, "ok": ok}
 
 
 if __name__ == "__main__":

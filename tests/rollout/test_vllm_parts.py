@@ -1,7 +1,7 @@
-"""The vLLM engine's CPU-testable parts against the real tiny model; the engine itself needs a GPU.
+"""The vLLM engine's parts that need no vLLM (weight export, requests, sampling arguments, seeds),
+on the real tiny model; and, marked ``gpu``, the engine on a CUDA GPU.
 
-Nothing here claims vLLM was exercised: ``test_vllm_engine_generates`` runs only where vLLM and a
-GPU are present (marker ``gpu``) and is skipped with that reason elsewhere.
+The engine itself runs against real vLLM on CPU in the ``vllm`` leg (tests/rollout/test_vllm_real.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from aggbench.rollout import make_engine
-from aggbench.rollout.vllm import GPU_EXTRA_HINT, build_requests, export_weights, sampling_kwargs
+from aggbench.rollout.vllm import (
+    GPU_EXTRA_HINT,
+    build_requests,
+    export_weights,
+    prompt_seeds,
+    sampling_kwargs,
+)
 from helpers.tiny_models import tiny_model_for_tests
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -55,6 +61,17 @@ def test_requests_and_sampling_params():
         "logprobs": 0,
         "skip_special_tokens": True,
     }
+    assert "seed" not in sampling_kwargs(n=1, temperature=1.0, top_p=1.0, max_new_tokens=4, seed=None)
+
+
+def test_per_prompt_seeds_are_hashed_apart():
+    """vLLM seeds child j of a request with seed + j: per-prompt seeds must not be neighbours."""
+    got = prompt_seeds(41, 64)
+    assert got == prompt_seeds(41, 64) and len(set(got)) == 64
+    assert min(abs(a - b) for i, a in enumerate(got) for b in got[i + 1 :]) > 10**6
+    assert prompt_seeds([5, 6], 2) == [5, 6] and prompt_seeds(None, 3) == [None] * 3
+    with pytest.raises(ValueError, match="seed: 1 values for 2 prompts"):
+        prompt_seeds([5], 2)
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here: the missing-extra message cannot be shown")
@@ -72,7 +89,7 @@ def test_vllm_engine_generates(tiny):  # pragma: no cover - GPU only
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    eng = make_engine("vllm", model, tok, model_path=str(path), gpu_memory_utilization=0.2)
+    eng = make_engine("vllm", model, tok, model_path=str(path), gpu_memory_utilization=0.2, in_process=True)
     ids = tok("<|bos|><|user|>Start<|eos|><|assistant|>", add_special_tokens=False)["input_ids"]
     out = eng.generate([ids], n=4, temperature=1.0, top_p=1.0, max_new_tokens=16, seed=0)
     assert len(out) == 4 and all(

@@ -20,8 +20,6 @@ produce the same response. What must hold:
 
 from __future__ import annotations
 
-import copy
-import math
 import subprocess
 import sys
 
@@ -30,7 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from aggbench.rollout import make_engine
-from aggbench.train.engine_checks import policy_logprobs
+from aggbench.train.engine_checks import policy_logprobs, push_roundtrip
 from helpers.real_vllm import require_vllm, subprocess_env
 from helpers.tiny_models import tiny_model_for_tests
 from helpers.trainer_support import metrics_rows, write_cell
@@ -119,28 +117,12 @@ def test_weight_push_zero_then_restore(engine, base, tok):
     prompt, response = ids_of(tok, "6 + 2"), ids_of(tok, "8")[1:]
     own = policy_logprobs(model, prompt, response)
     assert max(abs(a - b) for a, b in zip(engine.score(prompt, response), own, strict=True)) < 1e-3
-
-    zeroed = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in zeroed.parameters():
-            p.zero_()
-    engine.sync_weights(zeroed)
-    uniform = -math.log(model.config.vocab_size)
-    got = engine.score(prompt, response)
-    assert all(abs(x - uniform) < 1e-5 for x in got), got  # zero logits everywhere
-    assert max(abs(a - b) for a, b in zip(got, own, strict=True)) > 0.1  # the control
-
-    moved = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in moved.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    mine = policy_logprobs(moved, prompt, response)
-    assert max(abs(a - b) for a, b in zip(mine, own, strict=True)) > 1e-2
-    engine.sync_weights(moved)
-    assert max(abs(a - b) for a, b in zip(engine.score(prompt, response), mine, strict=True)) < 1e-3
-
-    engine.sync_weights(model)  # restored: the module's other tests sample the base model
-    assert max(abs(a - b) for a, b in zip(engine.score(prompt, response), own, strict=True)) < 1e-3
+    check = push_roundtrip(engine, model, prompt, response)
+    assert check["zeroed_vs_uniform"] < 1e-5, check  # zero logits everywhere: -ln V
+    assert check["zeroed_vs_own"] > 0.1, check  # the control: the push changed what vLLM computes
+    assert check["perturbed_vs_own"] > 1e-2, check
+    assert check["perturbed"] < 1e-3, check  # every layer took the moved weights (tied head too)
+    assert check["restored"] < 1e-3, check  # and the module's other tests sample the base model
 
 
 def test_train_with_the_vllm_engine(engine, tmp_path, tiny_sft_model, tiny_train_data):

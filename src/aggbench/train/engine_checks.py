@@ -108,3 +108,44 @@ def merge(parts: list[EngineStats | None]) -> dict[str, float]:
     if after:
         row["rollout/push_diff_after"] = max(after)
     return row
+
+
+def push_roundtrip(
+    engine: Any, model: torch.nn.Module, prompt: list[int], response: list[int], *, seed: int = 0
+) -> dict[str, float]:
+    """The zero-then-perturb-then-restore proof of an engine's weight push (max abs log-prob diffs).
+
+    zeroed_vs_uniform: zeroed weights must give -ln V at every position (~0); zeroed_vs_own: the
+    control (large: the push changed what the engine computes); perturbed: weights moved by noise
+    must give the moved model's log-probs (~0; a push that reached only some layers, e.g. a tied
+    lm_head left stale, fails here and not with zeros, where any head gives zero logits);
+    perturbed_vs_own: that the noise mattered (large); restored: ``model`` again (~0). The engine
+    ends with ``model``'s weights.
+    """
+    import copy
+    import math
+
+    own = policy_logprobs(model, prompt, response)
+    zeroed = copy.deepcopy(model)
+    moved = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in zeroed.parameters():
+            p.zero_()
+        for p in moved.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen).to(p.device, p.dtype))
+    out: dict[str, float] = {}
+    try:
+        engine.sync_weights(zeroed)
+        got = engine.score(prompt, response)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        out["zeroed_vs_uniform"] = max_abs_diff(got, [-math.log(vocab)] * len(got))
+        out["zeroed_vs_own"] = max_abs_diff(got, own)
+        mine = policy_logprobs(moved, prompt, response)
+        engine.sync_weights(moved)
+        out["perturbed"] = max_abs_diff(engine.score(prompt, response), mine)
+        out["perturbed_vs_own"] = max_abs_diff(mine, own)
+    finally:
+        engine.sync_weights(model)
+    out["restored"] = max_abs_diff(engine.score(prompt, response), own)
+    return out
