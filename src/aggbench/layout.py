@@ -67,6 +67,11 @@ def cell_config(run: str | Path) -> Path:
     return Path(run) / "cell.yaml"
 
 
+def rule_file(run: str | Path) -> Path:
+    """The aggregation rule (instance, rule, version, parameters) a run directory was trained with."""
+    return Path(run) / "aggregation.json"
+
+
 def metrics_file(run: str | Path) -> Path:
     return Path(run) / "metrics.jsonl"
 

@@ -79,7 +79,7 @@ def test_json_hand_worked_two_sequences():
         "constant": (1 / 8, 1 / 8),
         "balanced": (1 / 4, 1 / 8),
         "balanced_batch": (1 / 4, 1 / 8),
-        "balanced_proportional": (1 / 4, 1 / 8),
+        "balanced_mass": (1 / 4, 1 / 8),
     }
     for name, (c0, c1) in expected_c.items():
         r = data[name]
@@ -92,16 +92,17 @@ def test_json_hand_worked_two_sequences():
     assert data["token"]["pos_neg_ratio"] == pytest.approx(0.5, rel=1e-12)
     assert data["balanced_batch"]["params"] == {
         "scope": "batch",
-        "variant": "mass",
+        "variant": "proportional",
         "include_zero_groups": True,
     }
-    assert data["balanced_proportional"]["params"]["variant"] == "proportional"
+    assert data["balanced"]["params"]["variant"] == "proportional"
+    assert data["balanced_mass"]["params"]["variant"] == "mass"
     assert data["constant"]["params"]["max_length"] is None
 
 
 def test_sign_totals_equal_for_sequence_and_balanced_not_token():
     data = explain_json("--lengths", "10,500,20,30", "--rewards", "1,0,1,0", "--group-size", "2")
-    for name in ("sequence", "balanced", "balanced_batch", "balanced_proportional"):
+    for name in ("sequence", "balanced", "balanced_batch", "balanced_mass"):
         assert data[name]["weight_pos"] == pytest.approx(data[name]["weight_neg"], rel=1e-12), name
     # token-mean: each sign's weight is its token count times |A| / total: (10 + 20) vs (500 + 30)
     assert data["token"]["pos_neg_ratio"] == pytest.approx(30 / 530, rel=1e-12)
@@ -116,7 +117,7 @@ def test_sign_balance_is_sqrt_k_g_minus_k_over_g(std, scale):
     balanced; Bessel std both signs the same, scaled by sqrt((G-1)/G)."""
     data = explain_json("--lengths", "3,50,7,1", "--rewards", "1,0,0,0", "--std", std)
     expected = math.sqrt(3) / 4 * scale
-    for name in ("sequence", "balanced", "balanced_proportional"):
+    for name in ("sequence", "balanced", "balanced_mass"):
         assert data[name]["weight_pos"] == pytest.approx(expected, rel=1e-5), name
         assert data[name]["weight_neg"] == pytest.approx(expected, rel=1e-5), name
 
@@ -280,13 +281,15 @@ def test_rules_lists_every_registered_rule_and_instance():
         assert re.search(rf"^  {name}  v\d", out, re.M), name
     for name in BUILTIN:
         assert re.search(rf"^  {name}\s+= ", out, re.M), name
-    assert "balanced_batch         = balanced(scope='batch')" in out
+    assert "balanced_batch  = balanced(scope='batch')" in out
+    assert "balanced_mass   = balanced(variant='mass')" in out
     info = json.loads(run("rules", "--format", "json").stdout)
     assert set(info["rules"]) == set(rule_names())
     assert info["rules"]["balanced"]["sign_balanced"] is True
     assert info["rules"]["token"]["sign_balanced"] is False
-    assert info["rules"]["balanced"]["params"]["variant"] == "mass"
-    assert info["instances"]["balanced_proportional"]["non_default"] == {"variant": "proportional"}
+    assert info["rules"]["balanced"]["params"]["variant"] == "proportional"
+    assert info["rules"]["balanced"]["version"] == "2"
+    assert info["instances"]["balanced_mass"]["non_default"] == {"variant": "mass"}
 
 
 # ----------------------------------------------------------------------------- docs example, real process

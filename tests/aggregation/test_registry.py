@@ -42,19 +42,19 @@ def test_unknown_and_bad_parameters():
         RuleInstance("x", "balanced", {"scoep": "batch"})
     with pytest.raises(RegistryError, match=r"scope='global' is not allowed.*'group', 'batch'"):
         RuleInstance("x", "token", {"scope": "global"})
-    with pytest.raises(RegistryError, match=r"variant='masss'.*'mass', 'proportional', 'count'"):
+    with pytest.raises(RegistryError, match=r"variant='masss'.*'proportional', 'mass', 'count'"):
         RuleInstance("x", "balanced", {"variant": "masss"})
 
 
 def test_make_instance_from_config_entries():
     assert make_instance("balanced_batch").params["scope"] == "batch"
-    inst = make_instance("my_bal", "balanced", {"variant": "proportional"})
+    inst = make_instance("my_bal", "balanced", {"variant": "mass"})
     assert inst.describe() == {
         "instance": "my_bal",
         "rule": "balanced",
-        "version": "1",
+        "version": "2",
         "scope": "group",
-        "variant": "proportional",
+        "variant": "mass",
         "include_zero_groups": True,
     }
     with pytest.raises(RegistryError, match="names no registered rule"):

@@ -141,3 +141,37 @@ def test_cli_names_the_bad_line_of_the_training_data_before_loading_a_model(tmp_
     assert proc.returncode != 0
     assert f"{data}:2: field 'answer': missing" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def _one_step(tmp_path, tiny_sft_model, tiny_train_data, rule):
+    from aggbench.train.loop import train
+
+    cell = write_cell(tmp_path / f"{rule}.yaml", tiny_sft_model, tiny_train_data, rule=rule, steps=2, every=1)
+    cfg = load_train_config(cell, {"tracking.enabled": False, "device": "cpu"})
+    out = tmp_path / f"run-{rule}"
+    train(cfg, out, until_step=1, quiet=True)
+    return cfg, out
+
+
+def test_resume_under_another_rule_version_is_refused_naming_both(tmp_path, tiny_sft_model, tiny_train_data):
+    """balanced changed meaning in version 2 (variant proportional): a cell trained under version 1
+    is never resumed under it."""
+    import json
+
+    from aggbench import layout
+    from aggbench.train.loop import train
+
+    cfg, out = _one_step(tmp_path, tiny_sft_model, tiny_train_data, "balanced")
+    stored = json.loads(layout.rule_file(out).read_text())
+    assert (stored["rule"], stored["version"], stored["variant"]) == ("balanced", "2", "proportional")
+    stored["version"] = "1"
+    layout.rule_file(out).write_text(json.dumps(stored))
+    with pytest.raises(ConfigError, match=r"'balanced' version 1; this aggbench's 'balanced' is version 2"):
+        train(cfg, out, quiet=True)
+    layout.rule_file(out).unlink()  # a run from before the file existed: version 1 of every rule
+    with pytest.raises(ConfigError, match="version 1"):
+        train(cfg, out, quiet=True)
+    # a rule whose version did not change resumes as before
+    cfg_t, out_t = _one_step(tmp_path, tiny_sft_model, tiny_train_data, "token")
+    layout.rule_file(out_t).unlink()
+    assert train(cfg_t, out_t, quiet=True)["end_step"] == 2

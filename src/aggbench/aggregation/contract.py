@@ -169,10 +169,13 @@ def _check_param_value(instance: str, rule: str, param: inspect.Parameter, value
 def builtin_instances() -> dict[str, RuleInstance]:
     """The named instances every run knows: each registered rule at its defaults, plus variants."""
     insts = {name: RuleInstance(name, name) for name in rule_names()}
-    insts["balanced_batch"] = RuleInstance("balanced_batch", "balanced", {"scope": "batch"})
-    insts["balanced_proportional"] = RuleInstance(
-        "balanced_proportional", "balanced", {"variant": "proportional"}
+    # batch scope keeps the default reading, named explicitly: there the variants differ even for
+    # binary rewards (|A| differs between groups of one sign), and proportional keeps each
+    # response's own advantage inside its sign's token mean (docs/aggregations.md)
+    insts["balanced_batch"] = RuleInstance(
+        "balanced_batch", "balanced", {"scope": "batch", "variant": "proportional"}
     )
+    insts["balanced_mass"] = RuleInstance("balanced_mass", "balanced", {"variant": "mass"})
     return insts
 
 

@@ -130,14 +130,14 @@ def constant(
     return broadcast(coef * cnt * advantages / l_max, m)
 
 
-@register_rule("balanced", version="1", sign_balanced=True)
+@register_rule("balanced", version="2", sign_balanced=True)
 def balanced(
     mask: Tensor,
     advantages: Tensor,
     group_ids: Tensor,
     *,
     scope: Scope = "group",
-    variant: Literal["mass", "proportional", "count"] = "mass",
+    variant: Literal["proportional", "mass", "count"] = "proportional",
     include_zero_groups: bool = True,
 ) -> Tensor:
     """Balanced Aggregation: token mean inside each sign subset, subsets weighted by sequence share.
@@ -152,11 +152,14 @@ def balanced(
     For non-binary rewards the paper weights by "advantage mass"; its exact formula is not available,
     so ``variant`` picks a reading (all three are identical for binary rewards at group scope; at
     batch scope |A| differs between groups of one sign, and they differ):
-      - ``mass``: every token of S gets effective advantage sign(S) * M_S / (n_u * T_S): tokens count
-        equally inside a sign whatever their own |A_i|; each sign's total weight is M_S / n_u, as
-        under ``sequence``.
-      - ``proportional``: token of i in S gets A_i * M_S / (n_u * sum_{j in S} |A_j| |o_j|): keeps
-        relative advantage sizes inside a sign; same per-sign total M_S / n_u.
+      - ``proportional`` (default since version 2): token of i in S gets A_i * M_S / (n_u * sum_{j
+        in S} |A_j| |o_j|). The binary formula averages l_{i,t}, which contains A_i, over a subset's
+        tokens; this keeps A_i inside that token mean AND fixes each sign's total at M_S / n_u, the
+        two things the paper states. A response's weight goes to 0 with its advantage (an
+        overlong-penalised correct answer is pushed less than a clean one: docs/aggregations.md).
+      - ``mass`` (version 1's default; the instance ``balanced_mass``): every token of S gets
+        sign(S) * M_S / (n_u * T_S): tokens count equally inside a sign whatever their own |A_i|;
+        same per-sign total M_S / n_u.
       - ``count``: the displayed formula literally, A_i * |S| / (n_u * T_S) (weights k/n_u, (n_u-k)/n_u
         whatever the advantages' sizes; not sign-balanced for non-binary rewards).
     Zero-advantage sequences carry no gradient. Group scope averages the groups (1/n_g).
@@ -195,7 +198,7 @@ def balanced(
     elif variant == "count":
         per_seq = advantages * per_subset(torch_ones_like(lengths)) * safe_reciprocal(tokens_s)
     else:  # guarded by RuleInstance; direct callers get a clear error too
-        raise ValueError(f"balanced: variant must be 'mass', 'proportional' or 'count'; got {variant!r}")
+        raise ValueError(f"balanced: variant must be 'proportional', 'mass' or 'count'; got {variant!r}")
     per_seq = per_seq * safe_reciprocal(unit_size) * scale * in_subset
     return broadcast(per_seq, m)
 

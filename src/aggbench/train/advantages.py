@@ -32,6 +32,22 @@ def get_advantage(name: str) -> AdvantageFn:
     return ADVANTAGES.get(name)
 
 
+def _centred(rewards: Tensor, index: Tensor, n: int, mean: Tensor) -> Tensor:
+    """rewards - group mean [B], with rounding residue set to exactly 0.
+
+    A reward equal to its group's mean can come out as -2.8e-17, and [0.1] * 6 as 1.4e-17 with a
+    positive std; a rule would then give that response a whole sign's weight (a sign is a sign
+    whatever its size). Differences below 64 ulp of the group's largest |reward| (at least 1) are
+    rounding, not signal: they become 0 here, where zero-variance groups are detected.
+    """
+    centred = rewards - mean
+    scale = torch.zeros(n, dtype=rewards.dtype).scatter_reduce(
+        0, index, rewards.abs(), "amax", include_self=True
+    )
+    tol = 64 * torch.finfo(rewards.dtype).eps * scale.clamp_min(1.0)[index]
+    return torch.where(centred.abs() <= tol, torch.zeros_like(centred), centred)
+
+
 def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """rewards [B], group_ids [B] -> (group index [B], group size [n], group mean gathered [B])."""
     if rewards.dim() != 1 or group_ids.shape != rewards.shape:
@@ -56,13 +72,14 @@ def grpo(
 
     ``std="bessel"`` (divide by G-1) is what verl and TRL use; ``"population"`` (divide by G) gives
     each sign the total weight sqrt(k(G-k))/G under sequence aggregation for binary rewards.
-    A zero-variance group gets 0 (not 0/eps). rewards [B], group_ids [B] -> [B].
+    A zero-variance group gets 0 (not 0/eps), and so does a reward within rounding of its group's
+    mean (``_centred``). rewards [B], group_ids [B] -> [B].
     """
     if std not in ("bessel", "population"):
         raise ValueError(f"advantage std must be 'bessel' or 'population'; got {std!r}")
     rewards = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
     index, size, mean = _group_stats(rewards, group_ids)
-    centred = rewards - mean
+    centred = _centred(rewards, index, size.numel(), mean)
     sq = torch.zeros_like(size).index_add_(0, index, centred * centred)
     denom = (size - 1).clamp_min(1) if std == "bessel" else size
     group_std = (sq / denom).sqrt()[index]
@@ -74,5 +91,5 @@ def grpo(
 def drgrpo(rewards: Tensor, group_ids: Tensor) -> Tensor:
     """Dr. GRPO (arXiv 2503.20783): A_i = r_i - mean_g, no std normalisation. rewards [B] -> [B]."""
     rewards = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
-    _, _, mean = _group_stats(rewards, group_ids)
-    return rewards - mean
+    index, size, mean = _group_stats(rewards, group_ids)
+    return _centred(rewards, index, size.numel(), mean)

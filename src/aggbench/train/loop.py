@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import random
@@ -38,10 +39,11 @@ from typing import Any
 
 import torch
 
-from aggbench import seeds
+from aggbench import layout, seeds
 from aggbench.aggregation import load_plugins, make_instance
-from aggbench.config import TrainConfig, check_resume, dump_config
+from aggbench.config import ConfigError, TrainConfig, check_resume, dump_config
 from aggbench.data.training import read_training_records
+from aggbench.files import write_atomic
 from aggbench.modeldir import loading, require_weights
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_tags
 from aggbench.train import batching, checkpoint, engine_checks, parallel, step_log
@@ -130,6 +132,7 @@ def train(
     start = checkpoint.latest_resumable(out) or 0
     if start:
         check_resume(out, cfg, allow_change=allow_config_change)
+        _check_rule_version(out, rule)
     last = min(until_step or a.total_steps, a.total_steps)
     records = _check_inputs(cfg, start) if start < last else None
     prep = Prepared(plugin_files, rule, estimator, records)
@@ -150,6 +153,20 @@ def _resolve(cfg: TrainConfig) -> tuple[list[Path], Any, Any]:
     if rule.rule == "constant" and rule.params.get("max_length") is None:
         rule = make_instance(rule.name, rule.rule, {**rule.params, "max_length": cfg.sampling.max_new_tokens})
     return plugin_files, rule, get_advantage(cfg.advantage.estimator)
+
+
+def _check_rule_version(out: Path, rule: Any) -> None:
+    """Refuse to resume a run trained under another version of its rule (a changed meaning: results
+    of the two must never be mixed). A run from before aggregation.json existed was version 1."""
+    path = layout.rule_file(out)
+    stored = json.loads(path.read_text()) if path.is_file() else {"rule": rule.rule, "version": "1"}
+    if stored.get("rule") == rule.rule and str(stored.get("version")) != rule.spec.version:
+        raise ConfigError(
+            f"{out} was trained with aggregation rule {rule.rule!r} version {stored.get('version')}; this "
+            f"aggbench's {rule.rule!r} is version {rule.spec.version}, whose meaning differs "
+            "(docs/aggregations.md). Results of the two versions must not be mixed: train the cell into a "
+            "new results directory"
+        )
 
 
 def _check_inputs(cfg: TrainConfig, start: int) -> list[dict]:
@@ -181,6 +198,8 @@ def _train_locked(
     main = ranks.main
     if main:
         dump_config(cfg, out / "config.resolved.yaml")
+        if not layout.rule_file(out).exists():  # what the run was started with, kept on resumes
+            write_atomic(layout.rule_file(out), json.dumps(rule.describe(), indent=2) + "\n")
         checkpoint.clean_partial(out)
     ranks.barrier()
 
