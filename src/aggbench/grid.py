@@ -68,6 +68,13 @@ def _schema_errors(exp: dict) -> list[str]:
     return out
 
 
+def aggregations(exp: dict) -> list[dict]:
+    """The grid's aggregation instances: ``aggregations``, then ``ablations.aggregations`` when
+    ``ablations.enabled`` (off by default: an ablation adds cells, it never changes the main ones)."""
+    abl = exp.get("ablations") or {}
+    return list(exp["aggregations"]) + (list(abl.get("aggregations") or []) if abl.get("enabled") else [])
+
+
 def fill_defaults(exp: dict) -> dict:
     """Schema defaults for the top level and evaluation (what snakemake.utils.validate also sets)."""
     schema = load_schema()["properties"]
@@ -161,11 +168,11 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
         load_plugins(exp["plugins"], search_paths=[Path.cwd(), REPO_ROOT, *search_paths])
     except Exception as exc:
         problems.append(f"plugins: {exc}")
-    names = [a["name"] for a in exp["aggregations"]]
+    names = [a["name"] for a in aggregations(exp)]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         problems.append(f"aggregations: duplicate instance name(s) {dupes}")
-    for i, agg in enumerate(exp["aggregations"]):
+    for i, agg in enumerate(aggregations(exp)):
         try:
             make_instance(agg["name"], agg.get("rule"), agg.get("params") or None)
         except Exception as exc:
@@ -214,7 +221,7 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
 def cells(exp: dict) -> list[Cell]:
     return [
         Cell(cell_id(m, d, a["name"], s), m, d, a["name"], s)
-        for m, d, a, s in itertools.product(exp["models"], exp["datasets"], exp["aggregations"], exp["seeds"])
+        for m, d, a, s in itertools.product(exp["models"], exp["datasets"], aggregations(exp), exp["seeds"])
     ]
 
 
@@ -267,7 +274,7 @@ def cell_train_config(exp: dict, cid: str) -> Any:
 
     c = cell_by_id(exp, cid)
     model = exp["models"][c.model]
-    agg = next(a for a in exp["aggregations"] if a["name"] == c.aggregation)
+    agg = next(a for a in aggregations(exp) if a["name"] == c.aggregation)
     ds_spec = load_training_spec(exp["datasets"][c.dataset]["spec"])
     root = results_dir(exp)
     training = _merge(exp["training"], model.get("training", {}))

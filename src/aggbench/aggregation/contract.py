@@ -176,6 +176,10 @@ def builtin_instances() -> dict[str, RuleInstance]:
         "balanced_batch", "balanced", {"scope": "batch", "variant": "proportional"}
     )
     insts["balanced_mass"] = RuleInstance("balanced_mass", "balanced", {"variant": "mass"})
+    # the paper grid's three rules differ in scope too (token and sequence: mini-batch; balanced:
+    # group); these change only the scope, for the scope ablation (configs/paper.yaml `ablations`)
+    insts["token_group"] = RuleInstance("token_group", "token", {"scope": "group"})
+    insts["sequence_group"] = RuleInstance("sequence_group", "sequence", {"scope": "group"})
     return insts
 
 

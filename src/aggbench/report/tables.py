@@ -33,6 +33,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from aggbench import grid
 from aggbench.report.collect import CellData, Collected
 from aggbench.report.ingest import base_id
 
@@ -157,7 +158,7 @@ def _reported(exp: dict, model: str, dataset: str, row: str, benches: Sequence[s
 def check_reported(exp: dict) -> None:
     """Raise ValueError naming any ``reported:`` key that is not in the grid."""
     rep = exp.get("reported") or {}
-    aggs = [a["name"] for a in exp["aggregations"]] + ["base"]
+    aggs = [a["name"] for a in grid.aggregations(exp)] + ["base"]
     cols = [*exp["benchmarks"], AVERAGE]
     problems = []
     for model, by_ds in rep.items():
