@@ -79,7 +79,12 @@ class OverlongConfig(_Strict):
     )
     buffer: int = Field(0, ge=0, description="Soft overlong punishment window (DAPO); 0 disables it.")
     penalty: float = Field(
-        1.0, ge=0, description="Largest soft overlong punishment, reached at the max length."
+        1.0,
+        ge=0,
+        description=(
+            "Largest soft overlong punishment, reached at the max length, in reward units: aggbench's "
+            "graders give 0/1, so DAPO's overlong_penalty_factor 1.0 on its +1/-1 rewards is 0.5 here."
+        ),
     )
 
 
@@ -106,7 +111,15 @@ class AlgorithmConfig(_Strict):
         "token-mean", description="How KL and entropy are aggregated (never the rule's weights)."
     )
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
-    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warmup, in optimiser steps.")
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Linear learning-rate warmup, in ROLLOUT steps (verl's actor scheduler steps once per rollout "
+            "step, whatever the mini-batches): step s (1-based) trains at lr * min(1, (s-1)/warmup_steps), "
+            "so the first step trains at lr 0, as verl's constant-with-warmup schedule does."
+        ),
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Gradient clipping norm (None = off).")

@@ -220,8 +220,11 @@ def _train_locked(
             ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).requires_grad_(False)
         ref_model = parallel.prepare_model(ref, ranks, cfg, device, trainable=False).eval()
     optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=a.betas, weight_decay=a.weight_decay)
+    # Warmup counts ROLLOUT steps, as verl's actor scheduler (stepped once per rollout step); with
+    # verl's factor current_step / warmup, rollout step s (1-based) trains at lr * (s-1) / warmup:
+    # the first step at lr 0 (verl's off-by-one, kept so the recipe's warmup means the same here)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda k: min(1.0, (k + 1) / a.warmup_steps) if a.warmup_steps else 1.0
+        optimizer, lambda k: min(1.0, k / a.warmup_steps) if a.warmup_steps else 1.0
     )
     policy = Policy(model, ref_model, optimizer, scheduler, autocast)
     if start:  # optimizer (FSDP: and model shards), scheduler, RNG
@@ -316,6 +319,7 @@ def _train_locked(
                 metrics_log.append(row)
                 rows = [r for p in parts for r in p.rollouts]
                 step_log.save_rollouts(out, step, rows, cfg.rollout.save_rollouts)
+            scheduler.step()  # once per rollout step (above), after the row logged the lr it used
             if step % cfg.checkpoint.every == 0 or step == last:
                 fault("after_metrics", step)
                 state = {"step": step, "scheduler": scheduler.state_dict()}
@@ -476,7 +480,6 @@ def _update(
             parallel.finish_backward(model, batch, owed, settings, autocast, ranks)  # SUM over ranks
             norms.append(parallel.clip_grad_norm(model, a.max_grad_norm))
             optimizer.step()
-            scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             for k, v in stats.items():
                 sums[k] += v
