@@ -436,9 +436,7 @@ def _update(
     come from the whole batch's (lengths, advantages, group ids), all-gathered into ``view``.
     """
     a = cfg.algorithm
-    model, ref_model, optimizer, scheduler, autocast = (
-        policy.model, policy.ref_model, policy.optimizer, policy.scheduler, policy.autocast
-    )  # fmt: skip
+    model, ref_model, optimizer, autocast = policy.model, policy.ref_model, policy.optimizer, policy.autocast
     batch, mask, adv, gids = sb.batch, sb.mask, sb.adv, sb.gids
     settings = _loss_settings(cfg)
     with parallel.full_params(model, ranks):
