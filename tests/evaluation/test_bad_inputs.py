@@ -135,3 +135,29 @@ def test_generation_json_records_auto_as_the_resolved_device(tiny_model, tmp_pat
     assert result.exit_code == 0, result.output
     info = json.loads((tmp_path / "generation.json").read_text())
     assert info["device"] in ("cpu", "cuda")
+
+
+def test_max_context_caps_budgets_and_counts_prompts_that_do_not_fit(model_cli, tmp_path):
+    """issue 13 item 5: generation never runs past the model's context; what did not fit is counted.
+    Every tiny_test prompt is 58 tokens: a context of 64 leaves 6 new tokens, one of 58 none."""
+    import json
+
+    from aggbench.evaluation.context import response_budgets
+
+    assert response_budgets([10, 30, 40, 50], 16, 48) == [16, 16, 8, 0]
+    assert response_budgets([10, 500], 16, None) == [16, 16]
+    common = ("--limit", "6", "--n", "2", "--max-tokens", "12", "--temperature", "1.0")
+    result = model_cli("generate", "tiny_test", *common, "--max-context", "64")
+    assert result.exit_code == 0, result.output
+    info = json.loads((tmp_path / "generation.json").read_text())
+    bench = info["benchmarks"]["tiny_test"]
+    rows = [json.loads(line) for line in (tmp_path / "tiny_test.jsonl").read_text().splitlines()]
+    assert bench["context"] == {"max_context": 64, "prompts_over_context": 0, "responses_capped": 6}
+    assert len(rows) == 12 and all(0 < r["length"] <= 6 for r in rows) and bench["not_generated"] == 0
+    assert any(r["finish_reason"] == "length" and r["length"] == 6 for r in rows)  # the cap, reached
+    result = model_cli("generate", "tiny_test", *common, "--max-context", "58")
+    assert result.exit_code == 0, result.output
+    bench = json.loads((tmp_path / "generation.json").read_text())["benchmarks"]["tiny_test"]
+    rows = [json.loads(line) for line in (tmp_path / "tiny_test.jsonl").read_text().splitlines()]
+    assert bench["context"]["prompts_over_context"] == 6 and bench["not_generated"] == 12
+    assert {(r["finish_reason"], r["response"], r["length"]) for r in rows} == {("prompt_too_long", "", 0)}

@@ -217,6 +217,8 @@ def generate_args(model):
     for key, flag in (("limit", "--limit"), ("n", "--n"), ("max_tokens", "--max-tokens")):
         if EVAL.get(key) is not None:
             args += [flag, str(EVAL[key])]
+    if m.get("max_context"):  # new tokens capped at the model's context minus the prompt
+        args += ["--max-context", str(m["max_context"])]
     if m.get("system_prompt"):
         args += ["--system-prompt", m["system_prompt"]]
     if m.get("enable_thinking") is not None:

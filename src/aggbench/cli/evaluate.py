@@ -108,6 +108,13 @@ generation_options = options(
         show_default=True,
         help="GPUs one vLLM engine spans (--engine vllm); the generate rule passes its job's gpus.",
     ),
+    click.option(
+        "--max-context",
+        type=click.IntRange(min=2),
+        default=None,
+        help="Positions a prompt + response must fit in; new tokens are capped at it minus the prompt "
+        "[the checkpoint's max_position_embeddings; the generate rule passes models.<m>.max_context].",
+    ),
     model_options,
     quiet_option(),
 )
@@ -129,6 +136,7 @@ def _options(kw: dict[str, Any]):
         chat_template=kw["chat_template"],
         batch_size=kw["batch_size"],
         tensor_parallel_size=kw["tensor_parallel_size"],
+        max_context=kw["max_context"],
         device=kw["device"],
         dtype=kw["dtype"],
         data_dir=kw["data_dir"],
