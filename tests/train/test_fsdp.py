@@ -272,14 +272,16 @@ def test_dynamic_sampling_with_unequal_ranks_trains(runs):
     # each rank holds at most 2 of the 4 groups, so an odd number kept means unequal ranks
     assert any(int(r["groups/total"]) % 2 for r in rows), [r["groups/total"] for r in rows]
     assert (run / "checkpoints" / "step_2" / "sharded" / ".metadata").exists()
-    # and the ranks called the rollout engine a different number of times in some step: why the
-    # vLLM engine must not be vLLM's lockstep data-parallel mode (aggbench.rollout.vllm)
+    # one rollout-engine call per sampling round (rollout.seeding: prompt seeds each prompt inside
+    # the call): 1, or 2 where the rank refilled (max_rounds 1). Which rank refills depends on its own
+    # groups, so the counts can differ between ranks in one step: why the vLLM engine must not be
+    # vLLM's lockstep data-parallel mode (shown deterministically in test_dynamic_sampling_calls.py)
     calls = [json.loads((run / f"generate_calls.rank{r}.json").read_text()) for r in (0, 1)]
     assert set(calls[0]) == set(calls[1]) == {"1", "2"}, calls
-    assert any(calls[0][s] != calls[1][s] for s in calls[0]), calls
-    # without dynamic sampling each rank makes one call per group it holds: equal counts
+    assert all(c in (1, 2) for rank in calls for c in rank.values()), calls
+    # without dynamic sampling each rank makes exactly one call per step
     same = [json.loads((runs["two"]["token"] / f"generate_calls.rank{r}.json").read_text()) for r in (0, 1)]
-    assert same[0] == same[1] == {"1": 2, "2": 2}, same
+    assert same[0] == same[1] == {"1": 1, "2": 1}, same
 
 
 @pytest.mark.parametrize(
