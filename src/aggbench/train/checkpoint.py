@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import pickle
 import shutil
@@ -29,7 +30,8 @@ from typing import Any
 
 import torch
 
-from aggbench.layout import COMPLETE, checkpoint_dir, checkpoints_root, complete_steps
+from aggbench.config import ConfigError
+from aggbench.layout import COMPLETE, checkpoint_dir, checkpoints_root, complete_steps, rule_file
 from aggbench.modeldir import ModelDirError, loading, weights_problem
 
 STATE_FILE = "trainer_state.pt"
@@ -257,3 +259,17 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def check_rule_version(out: Path, rule: Any) -> None:
+    """Refuse to resume a run trained under another version of its rule (a changed meaning: results
+    of the two must never be mixed). A run from before aggregation.json existed was version 1."""
+    path = rule_file(out)
+    stored = json.loads(path.read_text()) if path.is_file() else {"rule": rule.rule, "version": "1"}
+    if stored.get("rule") == rule.rule and str(stored.get("version")) != rule.spec.version:
+        raise ConfigError(
+            f"{out} was trained with aggregation rule {rule.rule!r} version {stored.get('version')}; this "
+            f"aggbench's {rule.rule!r} is version {rule.spec.version}, whose meaning differs "
+            "(docs/aggregations.md). Results of the two versions must not be mixed: train the cell into a "
+            "new results directory"
+        )

@@ -36,6 +36,18 @@ class EngineStats:
     push_after: float | None = None
 
 
+def push_probe(rollout_cfg: Any, roll: Any) -> tuple[list[int], list[int]] | None:
+    """The fixed (prompt, response) of ``rollout.check_weight_push``: this rank's first rollout."""
+    if rollout_cfg.engine != "vllm" or not rollout_cfg.check_weight_push or not len(roll):
+        return None
+    return list(roll.prompt_ids[0]), list(roll.response_ids[0])
+
+
+def gap_of(roll: Any, behaviour: Tensor, lengths: list[int]) -> EngineStats | None:
+    """This rank's log-prob gap to the engine, when the engine returned log-probs (vLLM)."""
+    return None if roll.logprobs is None else logprob_gap(roll.logprobs, behaviour, lengths)
+
+
 def logprob_gap(engine_lps: list[list[float]], trainer: Tensor, lengths: list[int]) -> EngineStats:
     """Gap sums of one rank. engine_lps: per response, one log-prob per token; trainer: [B, T]
     behaviour log-probs, response-aligned (token t of row i at ``trainer[i, t]``)."""

@@ -41,7 +41,7 @@ import torch
 
 from aggbench import layout, seeds
 from aggbench.aggregation import load_plugins, make_instance
-from aggbench.config import ConfigError, TrainConfig, check_resume, dump_config
+from aggbench.config import TrainConfig, check_resume, dump_config
 from aggbench.data.training import read_training_records
 from aggbench.files import write_atomic
 from aggbench.modeldir import loading, require_weights
@@ -132,7 +132,7 @@ def train(
     start = checkpoint.latest_resumable(out) or 0
     if start:
         check_resume(out, cfg, allow_change=allow_config_change)
-        _check_rule_version(out, rule)
+        checkpoint.check_rule_version(out, rule)
     last = min(until_step or a.total_steps, a.total_steps)
     records = _check_inputs(cfg, start) if start < last else None
     prep = Prepared(plugin_files, rule, estimator, records)
@@ -153,20 +153,6 @@ def _resolve(cfg: TrainConfig) -> tuple[list[Path], Any, Any]:
     if rule.rule == "constant" and rule.params.get("max_length") is None:
         rule = make_instance(rule.name, rule.rule, {**rule.params, "max_length": cfg.sampling.max_new_tokens})
     return plugin_files, rule, get_advantage(cfg.advantage.estimator)
-
-
-def _check_rule_version(out: Path, rule: Any) -> None:
-    """Refuse to resume a run trained under another version of its rule (a changed meaning: results
-    of the two must never be mixed). A run from before aggregation.json existed was version 1."""
-    path = layout.rule_file(out)
-    stored = json.loads(path.read_text()) if path.is_file() else {"rule": rule.rule, "version": "1"}
-    if stored.get("rule") == rule.rule and str(stored.get("version")) != rule.spec.version:
-        raise ConfigError(
-            f"{out} was trained with aggregation rule {rule.rule!r} version {stored.get('version')}; this "
-            f"aggbench's {rule.rule!r} is version {rule.spec.version}, whose meaning differs "
-            "(docs/aggregations.md). Results of the two versions must not be mixed: train the cell into a "
-            "new results directory"
-        )
 
 
 def _check_inputs(cfg: TrainConfig, start: int) -> list[dict]:
@@ -302,8 +288,8 @@ def _train_locked(
             t1 = time.perf_counter()
             upd = _update(cfg, ranks, policy, StepBatch(batch, mask, adv, gids), rule, step)
             # vLLM: push the updated policy (and check it arrived); HF shares the weights
-            probe = probe or _push_probe(cfg, roll)
-            checks = _engine_checks(roll, upd, lengths)
+            probe = probe or engine_checks.push_probe(cfg.rollout, roll)
+            checks = engine_checks.gap_of(roll, upd.behaviour, lengths)
             own = functools.partial(_own, policy, probe, ranks)
             before, after = engine_checks.push_and_check(engine, model, probe, own)
             if checks is not None:
@@ -405,20 +391,6 @@ def _generate(cfg, engine, ids, step, rounds, keys, rank):
         max_new_tokens=s.max_new_tokens,
         seed=seed,
     )
-
-
-def _push_probe(cfg: TrainConfig, roll: Any) -> tuple[list[int], list[int]] | None:
-    """The fixed (prompt, response) of ``rollout.check_weight_push``: this rank's first rollout."""
-    if cfg.rollout.engine != "vllm" or not cfg.rollout.check_weight_push or not len(roll):
-        return None
-    return list(roll.prompt_ids[0]), list(roll.response_ids[0])
-
-
-def _engine_checks(roll: Any, upd: step_log.UpdateTotals, lengths: list[int]):
-    """This rank's log-prob gap to the engine, when the engine returned log-probs."""
-    if roll.logprobs is None:
-        return None
-    return engine_checks.logprob_gap(roll.logprobs, upd.behaviour, lengths)
 
 
 def _own(policy: Policy, probe: tuple[list[int], list[int]], ranks: parallel.Ranks) -> list[float]:
