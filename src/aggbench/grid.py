@@ -197,6 +197,13 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
         except Exception as exc:
             problems.append(f"training: {exc}")
         for name, m in exp["models"].items():
+            positions = m.get("config_overrides", {}).get("max_position_embeddings")
+            if m.get("max_context") and isinstance(positions, int) and m["max_context"] > positions:
+                problems.append(
+                    f"models.{name}: max_context {m['max_context']} exceeds the "
+                    f"config_overrides.max_position_embeddings {positions} it is prepared with; "
+                    "make them equal"
+                )
             if cfg is None or not m.get("max_context"):
                 continue
             mc = cell_train_config(exp, next(c.id for c in cells(exp) if c.model == name))

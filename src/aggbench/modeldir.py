@@ -59,6 +59,23 @@ def require_weights(path: str | Path, *, what: str, fix: str) -> Path:
     return p
 
 
+def require_positions(path: str | Path, need: int, *, what: str, lengths: str) -> None:
+    """Refuse a model directory whose ``max_position_embeddings`` is below ``need`` tokens.
+
+    transformers would run a rotary model past its positions without a word, and vLLM refuses the
+    engine only once it is built; ``lengths`` names the settings that add up to ``need``.
+    """
+    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    positions = config.get("max_position_embeddings")
+    if isinstance(positions, int) and need > positions:
+        raise ModelDirError(
+            f"{what} {path} has max_position_embeddings {positions}, but {lengths} = {need}; lower "
+            f"those lengths, or raise the model's positions where it is prepared (models.<model>."
+            f"config_overrides: {{max_position_embeddings: N}}, `aggbench prepare-model "
+            f"--config-override max_position_embeddings=N`; verl's DAPO 7B math recipe uses 32768)"
+        )
+
+
 def weights_problem(path: Path) -> str | None:
     """Why a ``.safetensors`` file cannot be complete (empty, header or data cut short), or None;
     reads its header only."""
@@ -101,12 +118,53 @@ def loading(path: str | Path, *, what: str) -> Iterator[None]:
 
 
 def _request(
-    name: str, revision: str | None, seed: int, sft_steps: int, task: dict[str, Any]
+    name: str,
+    revision: str | None,
+    seed: int,
+    sft_steps: int,
+    task: dict[str, Any],
+    config_overrides: dict[str, Any],
 ) -> dict[str, Any]:
     """The fields that identify a prepared directory: a rerun with the same ones is a no-op."""
     if name == TINY:
-        return {"name": name, "seed": seed, "sft_steps": sft_steps, "task": task}
-    return {"name": name, "revision": revision}
+        request = {"name": name, "seed": seed, "sft_steps": sft_steps, "task": task}
+    else:
+        request = {"name": name, "revision": revision}
+    if config_overrides:  # absent when empty, so directories prepared before overrides existed match
+        request["config_overrides"] = dict(sorted(config_overrides.items()))
+    return request
+
+
+def apply_config_overrides(model_dir: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Write ``overrides`` into ``model_dir/config.json``; return the values they replaced.
+
+    This is the recipe's own instruction for Qwen2.5-Math-7B (verl's DAPO 7B math scripts: "modify
+    the max_position_embeddings in config.json to 32768 after downloading", also passed there as
+    ``override_config``): the prepared directory is what the trainer, both rollout engines and the
+    evaluator load, and training's checkpoints are saved from the loaded config, so one edit here
+    reaches all of them. A key the config does not have is refused (a typo would otherwise change
+    nothing, silently).
+    """
+    if not overrides:
+        return {}
+    path = model_dir / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    unknown = sorted(set(overrides) - set(config))
+    if unknown:
+        from aggbench.registry import did_you_mean
+
+        hints = "".join(did_you_mean(k, sorted(config)) for k in unknown)
+        raise ModelDirError(
+            f"config override(s) {', '.join(map(repr, unknown))} name no field of {path.name} "
+            f"(its fields include {', '.join(sorted(config)[:12])}, ...){hints}; fix the key in "
+            "models.<model>.config_overrides (or --config-override)"
+        )
+    original = {k: config[k] for k in overrides}
+    config.update(overrides)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return original
 
 
 def _check_existing(out_dir: Path, request: dict[str, Any], force: bool) -> bool:
@@ -126,9 +184,11 @@ def _check_existing(out_dir: Path, request: dict[str, Any], force: bool) -> bool
         recorded = json.loads(marker.read_text())
     except json.JSONDecodeError as err:
         raise ModelDirError(f"{marker} is not valid JSON ({err}); pass --force to rebuild") from err
-    old = {k: recorded.get(k) for k in request}
-    if old != request:
-        diff = ", ".join(f"{k}: {old[k]!r} -> {request[k]!r}" for k in request if old[k] != request[k])
+    keys = [*request, *(["config_overrides"] if "config_overrides" in recorded else [])]
+    old = {k: recorded.get(k) for k in keys}
+    new = {k: request.get(k) for k in keys}
+    if old != new:
+        diff = ", ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in keys if old[k] != new[k])
         raise ModelDirError(
             f"{out_dir} was prepared with different settings ({diff}); pass --force to rebuild it, "
             "or choose another --out"
@@ -208,6 +268,7 @@ def prepare_model(
     worked_fraction: float | None = None,
     verbosity: int | None = None,
     probe_prompts: int = 32,
+    config_overrides: dict[str, Any] | None = None,
     force: bool = False,
     quiet: bool = False,
 ) -> dict[str, Any] | None:
@@ -221,7 +282,7 @@ def prepare_model(
     task = replace(TaskConfig(), **{k: v for k, v in overrides.items() if v is not None})
     sft_steps = DEFAULT_SFT_STEPS if sft_steps is None else sft_steps
     task_fields = asdict(task)
-    request = _request(name, revision, seed, sft_steps, task_fields)
+    request = _request(name, revision, seed, sft_steps, task_fields, config_overrides or {})
     if _check_existing(out_dir, request, force):
         return None
     _check_name(name)
@@ -252,6 +313,8 @@ def prepare_model(
         else:
             _download(name, revision, tmp)
             record["source"] = "huggingface_hub"
+        if config_overrides:
+            record["config_replaced"] = apply_config_overrides(tmp, config_overrides)
         record["seconds"] = round(time.monotonic() - t0, 1)
         (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n")
         if out_dir.exists() and force:

@@ -107,3 +107,38 @@ def test_vllm_generates_math500_with_the_context_policy_counted(tiny_model, shar
     assert all(r["length"] <= 64 for r in rows)
     metrics = _score("math500", tmp_path / "math500.jsonl", tmp_path)
     assert metrics["n_responses"] == 500 and metrics["not_generated"] == 40
+
+
+def test_vllm_serves_an_overridden_model_with_its_raised_positions(shared_data, tmp_path):
+    """models.<m>.config_overrides (issue 13, item 4) reaches vLLM and the evaluator: a tiny model
+    prepared with max_position_embeddings raised from 512 to 1024 (as verl's DAPO 7B recipe raises
+    Qwen2.5-Math-7B's 4096 to 32768) is served with 1,024 positions, so MATH-500 prompts longer than
+    512 tokens (40 of them, see the test above) are generated, past the original positions, and
+    neither refused by vLLM nor dropped."""
+    model = tmp_path / "model"
+    prep = CliRunner().invoke(
+        main,
+        [
+            "prepare-model",
+            "tiny",
+            "--out",
+            str(model),
+            "--sft-steps",
+            "0",
+            "--probe-prompts",
+            "0",
+            "--config-override",
+            "max_position_embeddings=1024",
+            "--quiet",
+        ],
+    )
+    assert prep.exit_code == 0, prep.output
+    args = ["--benchmarks", "math500", "--n", "1", "--max-tokens", "64"]
+    info = _generate_vllm(model, tmp_path / "out", *args, data_dir=shared_data)
+    ctx = info["benchmarks"]["math500"]["context"]
+    assert ctx["max_context"] == 1024
+    assert ctx["prompts_over_context"] < 40  # at 512 positions 40 prompts do not fit
+    rows = [json.loads(line) for line in (tmp_path / "out" / "math500.jsonl").read_text().splitlines()]
+    generated = [r for r in rows if r["finish_reason"] != "prompt_too_long"]
+    assert len(generated) == 500 - ctx["prompts_over_context"] > 460
+    assert all(r["length"] >= 1 for r in generated)

@@ -53,7 +53,7 @@ def test_paper_grid_dry_run_lists_exactly_the_expected_jobs(wf, tmp_path):
     jobs = wf.jobs(proc.stdout)
     train = {j["wildcards"]["cell"].split("__")[0]: j["resources"] for j in jobs if j["rule"] == "train"}
     assert train["qwen2.5-math-7b"]["gpu"] == "8" and train["qwen2.5-math-7b"]["mem_mb"] == "480000"
-    assert train["qwen2.5-math-7b"]["runtime"] == "720" and train["qwen2.5-math-7b"]["cpus_per_task"] == "32"
+    assert train["qwen2.5-math-7b"]["runtime"] == "1440" and train["qwen2.5-math-7b"]["cpus_per_task"] == "32"
     assert train["qwen3-1.7b"]["gpu"] == "4" and train["qwen3-1.7b"]["mem_mb"] == "240000"
     grade = next(j for j in jobs if j["rule"] == "grade")["resources"]
     assert grade["cpus_per_task"] == "16" and grade["mem_mb"] == "32000" and "gpu" not in grade
@@ -73,3 +73,23 @@ def test_default_config_is_the_smoke_grid(wf, tmp_path):
     want = wf.expected_jobs(cells=3, segments=3, evaluations=3, benchmarks=1, base_model=True)
     assert want["train"] == 9 and want["grade"] == 9 and want["grade_base"] == 1  # the shape, by hand
     assert counts == want, proc.stdout[-3000:]
+
+
+def test_paper_prepare_model_command_carries_the_config_override(wf, tmp_path):
+    """models.<m>.config_overrides reaches `aggbench prepare-model` (issue 13, item 4): the 7B's
+    max_position_embeddings 32768, as verl's DAPO 7B math recipe sets it."""
+    results = tmp_path / "results"
+    proc = wf.run(
+        [
+            "-n",
+            "-p",
+            "--configfile",
+            str(wf.PAPER),
+            "--config",
+            f"results_dir={results}",
+            "--",
+            str(results / "models" / "qwen2.5-math-7b"),
+        ]
+    )
+    cmd = next(ln for ln in proc.stdout.splitlines() if "aggbench prepare-model Qwen/Qwen2.5-Math-7B" in ln)
+    assert "--config-override max_position_embeddings=32768" in cmd

@@ -200,6 +200,8 @@ def prepare_model_args(model):
             args += ["--sft-steps", str(m["sft_steps"])]
     elif m.get("revision") and not m.get("path"):
         args += ["--revision", m["revision"]]
+    for key, value in sorted(m.get("config_overrides", {}).items()):
+        args += ["--config-override", f"{key}={json.dumps(value)}"]
     return " ".join(shlex.quote(a) for a in args)
 
 

@@ -16,6 +16,7 @@ directory, the command fails and says to pass ``--force`` (rebuild) or choose an
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -24,6 +25,21 @@ from aggbench.cli.common import click_errors
 from aggbench.modeldir import TINY
 from aggbench.tiny.model import DEFAULT_SFT_BATCH, DEFAULT_SFT_STEPS  # cheap: torch is imported lazily there
 from aggbench.tiny.task import TaskConfig
+
+
+def parse_overrides(items: tuple[str, ...]) -> dict:
+    """``KEY=VALUE`` strings to a dict; VALUE is JSON (``32768``, ``null``, ``{"type": "yarn"}``) or,
+    if it does not parse, the string itself."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--config-override")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
 
 
 def _fmt(x: float | None) -> str:
@@ -70,11 +86,30 @@ def _fmt(x: float | None) -> str:
     type=click.IntRange(min=0),
     help="Tiny model: test prompts (x8 samples) for the accuracy probe; 0 skips it.",
 )
+@click.option(
+    "--config-override",
+    "config_override",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Set a field of the model's config.json (VALUE parsed as JSON, else a string), e.g. "
+    "max_position_embeddings=32768 as verl's DAPO 7B math recipe does; repeatable. What every later "
+    "step loads (trainer, rollout engines, evaluator) then carries it.",
+)
 @click.option("--force", is_flag=True, help="Rebuild even if --out already holds a prepared model.")
 @click.option("--quiet", is_flag=True, help="No progress bar, no summary.")
 @click_errors
 def command(
-    name, out_dir, revision, seed, sft_steps, worked_fraction, verbosity, probe_prompts, force, quiet
+    name,
+    out_dir,
+    revision,
+    seed,
+    sft_steps,
+    worked_fraction,
+    verbosity,
+    probe_prompts,
+    config_override,
+    force,
+    quiet,
 ):
     """Prepare model NAME in --out: 'tiny' (built-in, CPU), a local directory, or a hub model id.
 
@@ -94,6 +129,7 @@ def command(
         worked_fraction=worked_fraction,
         verbosity=verbosity,
         probe_prompts=probe_prompts,
+        config_overrides=parse_overrides(config_override),
         force=force,
         quiet=quiet,
     )

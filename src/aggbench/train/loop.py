@@ -44,7 +44,7 @@ from aggbench.aggregation import load_plugins, make_instance
 from aggbench.config import TrainConfig, check_resume, dump_config
 from aggbench.data.training import read_training_records
 from aggbench.files import write_atomic
-from aggbench.modeldir import loading, require_weights
+from aggbench.modeldir import loading, require_positions, require_weights
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_tags
 from aggbench.train import batching, checkpoint, engine_checks, parallel, step_log
 from aggbench.train.advantages import get_advantage
@@ -162,6 +162,9 @@ def _check_inputs(cfg: TrainConfig, start: int) -> list[dict]:
     if not start or cfg.algorithm.kl_coef > 0:
         fix = f"run `aggbench prepare-model NAME --out {cfg.model.path}` (NAME: tiny, hub id or directory)"
         require_weights(cfg.model.path, what="model.path", fix=fix)
+        need = cfg.sampling.max_prompt_tokens + cfg.sampling.max_new_tokens
+        lengths = "sampling.max_prompt_tokens + max_new_tokens"
+        require_positions(cfg.model.path, need, what="model.path", lengths=lengths)
     return records
 
 
