@@ -33,3 +33,86 @@ def test_overlong_penalty_has_dapos_strength_relative_to_the_reward_gap():
         r"#.*\[DAPO-verl\].*(?:\n\s*#.*)*\n\s*algorithm: \{overlong: \{buffer: \d+, penalty: 0\.5\}", raw
     )
     assert len(labels) == 2 and all("+1/-1" in block for block in labels)
+
+
+# ---------------------------------------------------------------- issue 13, item 8
+def _paper():
+    raw = PAPER.read_text()
+    return raw, yaml.safe_load(raw)
+
+
+def _line(raw: str, pattern: str) -> str:
+    return next(ln for ln in raw.splitlines() if re.search(pattern, ln))
+
+
+def test_dual_clip_is_verls_default_and_bounds_negative_advantages_as_verl_does():
+    import torch
+
+    from aggbench.grid import cell_train_config, cells
+    from aggbench.train.objective import pg_token_loss
+
+    raw, exp = _paper()
+    assert exp["training"]["algorithm"]["dual_clip"] == 3.0
+    line = _line(raw, r"^\s*dual_clip:")
+    assert "[DAPO-verl]" in line and "clip_ratio_c" in line
+    cfg = cell_train_config(exp, cells(exp)[0].id)
+    assert cfg.algorithm.dual_clip == 3.0
+    # the bound is verl's (core_algos.compute_policy_loss_vanilla), written out here on random tokens
+    g = torch.Generator().manual_seed(0)
+    logp, old = torch.randn(64, 8, generator=g), torch.randn(64, 8, generator=g)
+    adv = torch.randn(64, 8, generator=g) * 2
+    ratio = torch.exp(logp - old)
+    clip1 = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - 0.2, 1 + 0.28))
+    verl = torch.where(adv < 0, torch.minimum(-adv * 3.0, clip1), clip1)
+    ours, _ = pg_token_loss(logp, old, adv, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    assert torch.allclose(ours, verl, atol=0, rtol=0)
+    assert (verl != clip1).any()  # the bound binds somewhere on this batch
+
+
+def test_qwen_models_stop_on_their_turn_tokens_as_qwen_math_eval_does():
+    from aggbench.grid import cell_train_config, cells
+
+    raw, exp = _paper()
+    for name in ("qwen2.5-math-7b", "qwen3-1.7b"):
+        assert exp["models"][name]["stop_tokens"] == ["<|im_end|>", "<|endoftext|>"], name
+        cfg = cell_train_config(exp, next(c.id for c in cells(exp) if c.model == name))
+        assert cfg.model.stop_tokens == ["<|im_end|>", "<|endoftext|>"]  # reaches the trainer
+    assert "[Qwen-Math-eval]" in raw and "stop_token_ids 151645, 151643" in raw
+    block = raw[: raw.index('stop_tokens: ["<|im_end|>", "<|endoftext|>"]\n')].splitlines()[-3:]
+    assert any("[Qwen-Math-eval]" in ln for ln in block)
+
+
+def test_evaluation_sampling_and_model_choices_name_their_sources():
+    raw, exp = _paper()
+    for bench in exp["benchmarks"]:
+        text = (PAPER.parent / "benchmarks" / f"{bench}.yaml").read_text()
+        spec = yaml.safe_load(text)["sampling"]
+        assert (spec["temperature"], spec["top_p"]) == (0.6, 0.95), bench
+        before = text[: text.index("\nsampling:")].splitlines()[-2:]
+        assert "Sampling source" in before[0] and "DeepSeek-R1" in before[0], bench
+        assert "unknown" in before[1], bench
+    assert "Evaluation sampling is each benchmark's YAML" in raw
+    # Qwen3-1.7B: the post-trained model in non-thinking mode, both choices labelled
+    q3 = exp["models"]["qwen3-1.7b"]
+    assert q3["source"] == "Qwen/Qwen3-1.7B" and q3["enable_thinking"] is False
+    head = raw[raw.index("  qwen3-1.7b:") : raw.index("enable_thinking: false")]
+    assert "Qwen/Qwen3-1.7B-Base is the alternative" in head and "non-thinking mode" in head
+
+
+def test_training_and_evaluation_answer_formats_are_both_graded():
+    """DAPO-17k trains with its "Answer:" instruction, the benchmarks ask for \\boxed{}: the math
+    grader that scores both reads either format, so neither is graded on format."""
+    from aggbench.data.benchmarks import load_benchmark_spec
+    from aggbench.data.training import load_training_spec
+    from aggbench.grading.math import grade_math
+
+    raw, exp = _paper()
+    dapo = load_training_spec(exp["datasets"]["dapo17k"]["spec"])
+    assert "Answer:" in dapo.instruction_template and dapo.grader.name == "math"
+    for bench in ("math500", "aime24", "aime25"):
+        spec = load_benchmark_spec(bench)
+        assert "\\boxed{}" in spec.prompt_template and spec.grader.name == "math", bench
+    assert grade_math("so 6 * 7 = 42.\nAnswer: 42", "42").correct
+    assert grade_math("so 6 * 7 = 42, and the answer is \\boxed{42}.", "42").correct
+    assert not grade_math("so 6 * 7 = 41.\nAnswer: 41", "42").correct
+    assert "Answer format:" in raw and "[assumed: the paper's prompts are unknown]" in raw

@@ -31,6 +31,11 @@ class ModelConfig(_Strict):
         None, description="Qwen3's thinking switch passed to the chat template; None = template default."
     )
     chat_template: bool = Field(True, description="Format prompts with the tokenizer's chat template.")
+    stop_tokens: list[str] = Field(
+        default_factory=list,
+        description="Tokens that end a response besides the model's EOS (each one vocabulary token), e.g. "
+        "Qwen's <|im_end|> and <|endoftext|> as Qwen2.5-Math's evaluation stops on them.",
+    )
 
 
 class DatasetConfig(_Strict):

@@ -294,6 +294,7 @@ def cell_train_config(exp: dict, cid: str) -> Any:
             "path": str(root / "models" / c.model),
             "system_prompt": model.get("system_prompt"),
             "enable_thinking": model.get("enable_thinking"),
+            "stop_tokens": list(model.get("stop_tokens", [])),
             "chat_template": model.get("chat_template", True) and ds_spec.use_chat_template,
         },
         "dataset": {

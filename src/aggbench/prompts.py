@@ -31,6 +31,23 @@ def format_prompt(
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
 
 
+def stop_token_ids(tokenizer: Any, tokens: list[str] | tuple[str, ...]) -> list[int]:
+    """The ids of ``tokens``, each of which must be ONE token of the vocabulary (a chat model's
+    end-of-turn such as Qwen's ``<|im_end|>``): both engines then stop on the id itself, exactly,
+    and the token stays the response's last (its log-prob trains like an EOS's). Raises
+    ``ConfigError`` (a ValueError) naming the tokens that are not."""
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in tokens if t not in vocab]
+    if missing:
+        from aggbench.config import ConfigError
+
+        raise ConfigError(
+            f"stop token(s) {missing} are not single tokens of this tokenizer's vocabulary; "
+            "remove them from model.stop_tokens (models.<model>.stop_tokens, --stop-token)"
+        )
+    return [int(vocab[t]) for t in tokens]
+
+
 def encode_prompts(
     tokenizer: Any, texts: list[str], *, max_tokens: int | None = None, **kw: Any
 ) -> list[list[int]]:

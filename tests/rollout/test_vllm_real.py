@@ -104,6 +104,32 @@ def test_seeded_call_beyond_the_scheduler_token_budget_completes(engine, tok):
     assert len(out) == 300 and sorted(set(out.group)) == list(range(150))
 
 
+def test_stop_token_ends_each_response_at_its_first_occurrence(engine, tok):
+    """Stop tokens (issue 13, item 8; the hf half is tests/rollout/test_stop_tokens.py) reach vLLM's
+    SamplingParams: with the turn marker <|user|> as a stop token, each seeded response is the
+    response without it cut after its first <|user|>, which vLLM keeps as the last token."""
+    from aggbench.prompts import stop_token_ids
+
+    stop_id = stop_token_ids(tok, ["<|user|>"])[0]
+    prompts = [ids_of(tok, "3 + 4"), ids_of(tok, "5 + 6")]
+    kw = {"n": 16, "max_new_tokens": 64, "seed": 99, **SAMPLE}
+    plain = engine.generate(prompts, **kw)
+    engine.stop_token_ids = [stop_id]
+    try:
+        stopped = engine.generate(prompts, **kw)
+    finally:
+        engine.stop_token_ids = []
+    cut = 0
+    for free, resp, fin in zip(plain.response_ids, stopped.response_ids, stopped.finished, strict=True):
+        if stop_id in free:
+            k = free.index(stop_id) + 1
+            assert resp == free[:k] and fin
+            cut += k < len(free)
+        else:
+            assert resp == free
+    assert cut >= 3
+
+
 def test_sampled_logprobs_equal_transformers(engine, base, tok):
     _, model = base
     out = engine.generate([ids_of(tok, "2 + 5")], n=4, max_new_tokens=16, seed=3, **SAMPLE)

@@ -75,21 +75,16 @@ def test_default_config_is_the_smoke_grid(wf, tmp_path):
     assert counts == want, proc.stdout[-3000:]
 
 
-def test_paper_prepare_model_command_carries_the_config_override(wf, tmp_path):
-    """models.<m>.config_overrides reaches `aggbench prepare-model` (issue 13, item 4): the 7B's
-    max_position_embeddings 32768, as verl's DAPO 7B math recipe sets it."""
-    results = tmp_path / "results"
+def test_paper_commands_carry_the_model_overrides_and_stop_tokens(wf, tmp_path):
+    """models.<m>.config_overrides reaches `aggbench prepare-model` (issue 13, item 4: the 7B's
+    max_position_embeddings 32768, as verl's DAPO 7B math recipe sets it) and models.<m>.stop_tokens
+    reaches every `aggbench generate` (item 8: Qwen's turn tokens, as Qwen2.5-Math's evaluation)."""
     proc = wf.run(
-        [
-            "-n",
-            "-p",
-            "--configfile",
-            str(wf.PAPER),
-            "--config",
-            f"results_dir={results}",
-            "--",
-            str(results / "models" / "qwen2.5-math-7b"),
-        ]
+        ["-n", "-p", "--configfile", str(wf.PAPER), "--config", f"results_dir={tmp_path / 'results'}"]
     )
-    cmd = next(ln for ln in proc.stdout.splitlines() if "aggbench prepare-model Qwen/Qwen2.5-Math-7B" in ln)
+    lines = proc.stdout.splitlines()
+    cmd = next(ln for ln in lines if "aggbench prepare-model Qwen/Qwen2.5-Math-7B" in ln)
     assert "--config-override max_position_embeddings=32768" in cmd
+    generate = [ln for ln in lines if "aggbench generate" in ln]
+    assert len(generate) == 74  # 72 checkpoints + 2 base models
+    assert all("--stop-token '<|im_end|>' --stop-token '<|endoftext|>'" in ln for ln in generate)

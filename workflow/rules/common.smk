@@ -227,6 +227,8 @@ def generate_args(model):
         args.append("--enable-thinking" if m["enable_thinking"] else "--no-enable-thinking")
     if m.get("chat_template") is False:
         args.append("--no-chat-template")
+    for token in m.get("stop_tokens", []):
+        args += ["--stop-token", token]
     return " ".join(shlex.quote(a) for a in args)
 
 

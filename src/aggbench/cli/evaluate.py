@@ -115,6 +115,14 @@ generation_options = options(
         help="Positions a prompt + response must fit in; new tokens are capped at it minus the prompt "
         "[the checkpoint's max_position_embeddings; the generate rule passes models.<m>.max_context].",
     ),
+    click.option(
+        "--stop-token",
+        "stop_tokens",
+        multiple=True,
+        metavar="TOKEN",
+        help="A vocabulary token that ends a response besides the model's EOS (repeatable), e.g. "
+        "<|im_end|>; the generate rule passes models.<m>.stop_tokens.",
+    ),
     model_options,
     quiet_option(),
 )
@@ -137,6 +145,7 @@ def _options(kw: dict[str, Any]):
         batch_size=kw["batch_size"],
         tensor_parallel_size=kw["tensor_parallel_size"],
         max_context=kw["max_context"],
+        stop_tokens=tuple(kw["stop_tokens"]),
         device=kw["device"],
         dtype=kw["dtype"],
         data_dir=kw["data_dir"],

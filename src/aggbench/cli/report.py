@@ -26,6 +26,18 @@ from aggbench.cli.common import click_error, out_dir_option, quiet_option
 _SHOW = 40  # problems printed in full before "... and N more"
 
 
+def _rule_versions(exp: dict) -> dict[str, str]:
+    """{aggregation instance: its rule's version now} (the plugins are loaded by load_experiment);
+    the report refuses to table a cell trained under another version."""
+    from aggbench.aggregation import make_instance
+    from aggbench.grid import aggregations
+
+    return {
+        a["name"]: make_instance(a["name"], a.get("rule"), a.get("params") or None).spec.version
+        for a in aggregations(exp)
+    }
+
+
 def _load(config: Path) -> dict:
     from aggbench.grid import GridError, load_experiment
 
@@ -124,7 +136,7 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
                 "or pass --allow-mismatch to tabulate what MLflow holds, flagged"
             )
     with click_error(ValueError):
-        col = collect(exp, client, metric=metric)
+        col = collect(exp, client, metric=metric, rule_versions=_rule_versions(exp))
         tables = build_tables(col, mismatched={p.cell_id for p in errors})
     paths = write_tables(tables, out, exp["experiment"], col)
     plots: list[Path] = []

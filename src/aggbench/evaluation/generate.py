@@ -53,6 +53,8 @@ class GenerateOptions:
         each call gets seed ``benchmark seed + chunk index``.
     max_context: the positions a prompt + response must fit in (None: the checkpoint's
         ``max_position_embeddings``); the policy is ``aggbench.evaluation.context``.
+    stop_tokens: vocabulary tokens that end a response besides the model's EOS (Qwen's
+        ``<|im_end|>``, ``<|endoftext|>``: the stop words of Qwen2.5-Math's evaluation).
     """
 
     engine: str = "hf"
@@ -73,6 +75,7 @@ class GenerateOptions:
     progress: bool = True
     tensor_parallel_size: int = 1
     max_context: int | None = None
+    stop_tokens: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size > 1 and self.engine != "vllm":
@@ -211,6 +214,16 @@ def _vllm_device() -> str:
     return "cpu" if current_platform.is_cpu() else "cuda"
 
 
+def _stop_ids(tokenizer: Any, options: GenerateOptions) -> list[int]:
+    """``options.stop_tokens`` as token ids; a token that is not one vocabulary token is bad input."""
+    from aggbench.prompts import stop_token_ids
+
+    try:
+        return stop_token_ids(tokenizer, options.stop_tokens)
+    except ValueError as exc:
+        raise EvaluationError(f"--stop-token: {exc}") from exc
+
+
 def _make_engine(kind: str, checkpoint: Path, options: GenerateOptions, context: int | None):
     """(engine, model, tokenizer). vLLM loads its own weights from the checkpoint directory, so the
     HF model is not loaded for it (model is None)."""
@@ -235,6 +248,7 @@ def _make_engine(kind: str, checkpoint: Path, options: GenerateOptions, context:
                 tensor_parallel_size=options.tensor_parallel_size,
                 enable_sleep_mode=False,
                 seed=options.seed,
+                stop_token_ids=_stop_ids(tokenizer, options),
                 **({"max_model_len": context} if context else {}),
             )
         except ImportError as exc:
@@ -244,7 +258,9 @@ def _make_engine(kind: str, checkpoint: Path, options: GenerateOptions, context:
             ) from exc
         return engine, None, tokenizer
     model, tokenizer = load_model(checkpoint, device=options.device, dtype=options.dtype)
-    return make_engine(kind, model, tokenizer, batch_size=options.batch_size), model, tokenizer
+    stops = _stop_ids(tokenizer, options)
+    engine = make_engine(kind, model, tokenizer, batch_size=options.batch_size, stop_token_ids=stops)
+    return engine, model, tokenizer
 
 
 def generate_benchmarks(

@@ -30,6 +30,17 @@ class CellData:
     expected: list[int]
     evals: dict[str, dict[int, float]] = field(default_factory=dict)
     train: dict[str, dict[int, float]] = field(default_factory=dict)
+    rule_version: str | None = None  # what the run was trained under (aggregation.json, else its tag)
+    expected_version: str | None = None  # the grid's rule version today
+    not_generated: dict[str, dict[int, float]] = field(default_factory=dict)  # benchmark -> step -> n
+
+    @property
+    def stale(self) -> bool:
+        """Trained under another version of its rule: its numbers mean something else, never tabled."""
+        return (
+            None not in (self.rule_version, self.expected_version)
+            and self.rule_version != self.expected_version
+        )
 
     @property
     def trained_to(self) -> int:
@@ -42,6 +53,12 @@ class CellData:
 
     def issue(self, benchmarks: Sequence[str]) -> str | None:
         """Why this cell is missing or unfinished, or None."""
+        if self.stale:
+            return (
+                f"trained under {self.cell.aggregation} version {self.rule_version}, but the grid's rule is "
+                f"version {self.expected_version}: not tabled (the rule's meaning changed; retrain the cell "
+                "after moving its run directory away)"
+            )
         if self.run_id is None:
             why = "run files exist; run `aggbench ingest`" if self.has_files else "no run files either"
             return f"no MLflow run ({why})"
@@ -135,10 +152,34 @@ def metric_label(benchmarks: Sequence[str], metric: str, exp: dict) -> str:
     return f"{metric} (" + ", ".join(f"{b}: {m}" for b, m in names.items()) + ")"
 
 
+def _trained_version(run_dir: Any, run: Any) -> str | None:
+    """The rule version a cell was trained under: its run directory's aggregation.json (written
+    when training starts, kept on resumes), else its MLflow tag ``aggregation.version``."""
+    import json
+
+    path = layout.rule_file(run_dir)
+    if path.is_file():
+        try:
+            return str(json.loads(path.read_text())["version"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    tag = run.data.tags.get("aggregation.version") if run is not None else None
+    return str(tag) if tag is not None else None
+
+
 def collect(
-    exp: dict, client: Any, *, metric: str = "avg@n", train_keys: Sequence[str] = TRAIN_KEYS
+    exp: dict,
+    client: Any,
+    *,
+    metric: str = "avg@n",
+    train_keys: Sequence[str] = TRAIN_KEYS,
+    rule_versions: Mapping[str, str] | None = None,
 ) -> Collected:
-    """Read every cell's and base model's metrics (through ``metric_history``) from MLflow."""
+    """Read every cell's and base model's metrics (through ``metric_history``) from MLflow.
+
+    rule_versions: {aggregation instance: its rule's version now}; a cell trained under another
+    version is collected without its numbers (``CellData.stale``), so no table mixes two meanings.
+    """
     benchmarks = list(exp["benchmarks"])
     check_metric_name(metric)
     keys = {b: metric_key(b, metric, exp) for b in benchmarks}
@@ -155,9 +196,15 @@ def collect(
             total_steps(exp, c.model),
             eval_steps(exp, c.model),
         )
-        if run is not None:
+        data.expected_version = (rule_versions or {}).get(c.aggregation)
+        data.rule_version = _trained_version(layout.run_dir(root, c.id), run)
+        if run is not None and not data.stale:
             rid = run.info.run_id
             data.evals = {b: metric_history(client, rid, k) for b, k in keys.items()}
+            data.not_generated = {
+                b: metric_history(client, rid, metric_names.mlflow_key(b, "not_generated"))
+                for b in benchmarks
+            }
             wanted = [
                 SENTINEL,
                 *train_keys,

@@ -19,7 +19,12 @@ def make_engine(kind: str, model: Any, tokenizer: Any, **options: Any) -> Rollou
     if kind == "hf":
         from aggbench.rollout.hf import HFEngine
 
-        return HFEngine(model, tokenizer, batch_size=options.get("batch_size", 64))
+        return HFEngine(
+            model,
+            tokenizer,
+            batch_size=options.get("batch_size", 64),
+            stop_token_ids=options.get("stop_token_ids"),
+        )
     if kind == "vllm":
         from aggbench.rollout.vllm import VLLMEngine
 

@@ -12,11 +12,13 @@ from aggbench.rollout.base import Rollouts
 class HFEngine:
     """Samples from the policy model itself (no weight copy, so ``sync_weights`` is a no-op)."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 64) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, *, batch_size: int = 64, stop_token_ids: list[int] | None = None
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.eos_ids = sorted(set(eos_token_ids(model, tokenizer)) | set(stop_token_ids or []))
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = pad if pad is not None else self.eos_ids[0]
 

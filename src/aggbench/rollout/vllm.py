@@ -237,6 +237,7 @@ class VLLMEngine:
         self.tokenizer = tokenizer
         self.sleep_between = sleep_between
         self.in_process = in_process
+        self.stop_token_ids: list[int] = []  # besides the model's EOS; set by from_model
         self.dtype = dtype
         self.asleep = False
 
@@ -283,7 +284,9 @@ class VLLMEngine:
             # whole context (40,960 for Qwen3), whose KV-cache profiling a colocated trainer can't spare
             **({"max_model_len": max_len} if max_len else {}),
         )
-        return cls(llm, tokenizer, sleep_between=sleep, in_process=in_process, dtype=dtype)
+        engine = cls(llm, tokenizer, sleep_between=sleep, in_process=in_process, dtype=dtype)
+        engine.stop_token_ids = list(options.get("stop_token_ids") or [])
+        return engine
 
     def sync_weights(self, model: Any) -> None:
         """Push ``model``'s weights (``rollout.dtype``, HF names) into this rank's engine.
@@ -357,7 +360,8 @@ class VLLMEngine:
         budgets = per_prompt(max_new_tokens, len(prompts), "max_new_tokens")
         params = [
             vllm.SamplingParams(
-                **sampling_kwargs(n=n, temperature=temperature, top_p=top_p, max_new_tokens=b, seed=s)
+                **sampling_kwargs(n=n, temperature=temperature, top_p=top_p, max_new_tokens=b, seed=s),
+                **({"stop_token_ids": self.stop_token_ids} if self.stop_token_ids else {}),
             )
             for b, s in zip(budgets, prompt_seeds(seed, len(prompts)), strict=True)
         ]

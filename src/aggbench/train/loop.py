@@ -173,6 +173,7 @@ def _train_locked(
 ) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from aggbench.prompts import stop_token_ids
     from aggbench.rollout import make_engine
     from aggbench.train.rewards import RewardFn
 
@@ -243,6 +244,7 @@ def _train_locked(
         dtype=cfg.rollout.dtype,
         enable_sleep_mode=cfg.rollout.enable_sleep_mode,
         in_process=True,  # the weight push needs tensors to reach the worker (rollout/vllm.py)
+        stop_token_ids=stop_token_ids(tokenizer, cfg.model.stop_tokens),
     )
     prompt_kw = {
         "system_prompt": cfg.model.system_prompt,

@@ -1,0 +1,78 @@
+"""The report never tables a cell trained under another version of its rule (issue 13, item 1),
+and its notes show the prompts the evaluator could not fit in the model's context (item 5).
+
+`balanced` is version 2 since its default reading became `proportional`; a cell trained under
+version 1 (its run directory's aggregation.json says so) keeps its row, flagged, with neither of
+its numbers in any table: the grid's other seed carries the row alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from aggbench.aggregation import make_instance
+from aggbench.cli.report import ingest_command, report_command
+from helpers import report_fixtures as rf
+
+
+@pytest.fixture
+def grid(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    config = rf.make_grid(tmp_path)
+    return tmp_path, config
+
+
+def _report(tmp_path, config):
+    runner = CliRunner()
+    res = runner.invoke(ingest_command, ["--config", str(config), "--quiet"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "tables"
+    res = runner.invoke(
+        report_command, ["--config", str(config), "--out", str(out), "--no-plots"], catch_exceptions=False
+    )
+    assert res.exit_code == 0, res.output
+    with (out / "last.csv").open(newline="") as fh:
+        rows = {(r["table"], r["row"], r["column"]): r for r in csv.DictReader(fh)}
+    return rows, (out / "last.md").read_text()
+
+
+def test_a_cell_of_the_old_rule_version_is_not_tabled(grid):
+    tmp_path, config = grid
+    assert make_instance("balanced").spec.version == "2"
+    old = tmp_path / "results" / "runs" / rf.cell_id("balanced", 0)
+    (old / "aggregation.json").write_text(
+        json.dumps({"instance": "balanced", "rule": "balanced", "version": "1"})
+    )
+    now = tmp_path / "results" / "runs" / rf.cell_id("balanced", 1)
+    (now / "aggregation.json").write_text(
+        json.dumps({"instance": "balanced", "rule": "balanced", "version": "2"})
+    )
+    rows, md = _report(tmp_path, config)
+    # last step 12: seed 1 alone (tiny_test .50, math500 .20), not the two-seed mean (.60, .20)
+    assert float(rows[("last", "balanced", "tiny_test")]["mean"]) == pytest.approx(50.0)
+    assert rows[("last", "balanced", "tiny_test")]["n_seeds"] == "1"
+    assert rows[("last", "balanced", "tiny_test")]["flagged"] == "1"
+    assert (
+        f"{rf.cell_id('balanced', 0)}: trained under balanced version 1, but the grid's rule is version 2"
+        in md
+    )
+    assert "not tabled" in md
+
+
+def test_prompts_beyond_the_context_are_in_the_table_notes(grid):
+    tmp_path, config = grid
+    path = (
+        tmp_path / "results" / "runs" / rf.cell_id("token", 0) / "eval" / "step_12" / "math500.metrics.json"
+    )
+    metrics = json.loads(path.read_text())
+    path.write_text(json.dumps({**metrics, "not_generated": 3}))
+    _, md = _report(tmp_path, config)
+    assert (
+        f"token: {rf.cell_id('token', 0)}: math500: prompts longer than the model's context, not generated "
+        "and graded wrong: 3 at step 12"
+    ) in md
+    assert md.count("not generated and graded wrong") == 1  # one note, under the one last-step table
