@@ -87,7 +87,7 @@ class MathVerdict:
     correct: ``exact_match``, ``integer_match``, ``equivalent`` (math-verify), ``within_tolerance``.
     wrong: ``no_answer``, ``empty_answer``, ``answer_too_long``, ``integer_mismatch``,
     ``not_equivalent``, ``small_number_mismatch`` (see :func:`_small_numbers_differ`),
-    ``scaled_equation`` (see :func:`_scaled_equation`),
+    ``scaled_equation`` (see :func:`_compare_equations`),
     ``gold_unparseable``, ``timeout``, ``worker_crashed``, ``error: ...``.
     """
 
@@ -222,24 +222,31 @@ def _first_equation(values: Sequence[Any]) -> sympy.Eq | None:
     return None
 
 
-def _scaled_equation(gold_parsed: Sequence[Any], pred_parsed: Sequence[Any]) -> bool:
-    """A veto on math-verify's "equal" for two equations that agree only up to a scale factor.
+def _compare_equations(pred: str, gold_eq: sympy.Eq, pred_eq: sympy.Eq) -> MathVerdict:
+    """Two equations: equal when their ``lhs - rhs`` agree, or agree with opposite sign (the sides
+    swapped), compared by math-verify's ``verify`` on those expressions.
 
-    math-verify accepts two equations when their ``lhs - rhs`` agree (or agree with opposite sign:
-    the sides swapped), and else when ``solve()`` gives both the same solution set, which any
-    non-zero multiple of an equation has: ``4x - 2y + 6z = 16`` "equals" ``2x - y + 3z = 8``.
-    Golds that are equations are asked in a normalised form (MATH-500's plane: "A > 0 and
-    gcd(|A|,|B|,|C|,|D|) = 1", lines as "y = mx + b"), so only the first two routes count here:
-    the same equation, its terms moved or its sides swapped.
+    math-verify alone also accepts two equations when ``solve()`` gives both the same solutions,
+    which any non-zero multiple of an equation has: ``4x - 2y + 6z = 16`` "equals"
+    ``2x - y + 3z = 8``. Golds that are equations are asked in a normalised form (MATH-500's plane:
+    "A > 0 and gcd(|A|,|B|,|C|,|D|) = 1", lines as "y = mx + b"), so that route is left out here:
+    verdict ``scaled_equation`` when the two differ by a constant factor, else ``not_equivalent``.
+    Leaving it out also skips solve(), which takes 15 s on a differential equation beside
+    ``(x-2)(x-3) = 0``.
     """
-    g, p = _first_equation(gold_parsed), _first_equation(pred_parsed)
-    if g is None or p is None:
-        return False
     try:
-        dg, dp = g.lhs - g.rhs, p.lhs - p.rhs  # raises for "x \in [-2, 7]", read as Eq(x, Interval)
-        return not any(sympy.expand(d) == 0 or sympy.simplify(d) == 0 for d in (dg - dp, dg + dp))
-    except Exception:  # noqa: BLE001 - sympy raises many kinds; then math-verify's verdict stands
-        return False
+        dg, dp = gold_eq.lhs - gold_eq.rhs, pred_eq.lhs - pred_eq.rhs
+    except TypeError:  # "x \in [-2, 7]" is read as Eq(x, Interval): math-verify's own comparison
+        same = bool(verify(gold_eq, pred_eq, timeout_seconds=None))
+        return MathVerdict(same, pred, "equivalent" if same else "not_equivalent")
+    if verify(dg, dp, timeout_seconds=None) or verify(dg, -dp, timeout_seconds=None):
+        return MathVerdict(True, pred, "equivalent")
+    try:
+        ratio = sympy.cancel(dg / dp)
+        scaled = bool(ratio.is_number) and ratio != 0
+    except Exception:  # noqa: BLE001 - sympy raises many kinds; then it is just not equivalent
+        scaled = False
+    return MathVerdict(False, pred, "scaled_equation" if scaled else "not_equivalent")
 
 
 def _compare(pred: str, gold: str, tolerance: float | None) -> MathVerdict:
@@ -259,9 +266,10 @@ def _compare(pred: str, gold: str, tolerance: float | None) -> MathVerdict:
     if not gold_parsed:
         return MathVerdict(False, pred, "gold_unparseable")
     pred_parsed = _parse(pred)
+    gold_eq, pred_eq = _first_equation(gold_parsed), _first_equation(pred_parsed)
+    if gold_eq is not None and pred_eq is not None:
+        return _compare_equations(pred, gold_eq, pred_eq)
     equal = verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None)
-    if equal and _scaled_equation(gold_parsed, pred_parsed):
-        return MathVerdict(False, pred, "scaled_equation")
     vetoed = equal and _small_numbers_differ(gold, pred_parsed)
     if equal and not vetoed:
         return MathVerdict(True, pred, "equivalent")
