@@ -1,4 +1,5 @@
-"""Throughput of the math grader against a plain sequential math-verify loop, on the same responses.
+"""The math grader against a plain sequential math-verify loop, on the same responses: throughput
+(``--part speed``) and accuracy by answer style (``--part styles``); both by default.
 
 Builds 2,000 responses from the gold answers of MATH-500, AIME 2024/2025, OlympiadBench and
 Minerva (../shared/data, or $AGGBENCH_SHARED_DATA) and perturbations of them: the right answer,
@@ -12,9 +13,19 @@ them three ways in one run:
 
 It prints each one's throughput, the ratios, and every verdict on which 1 and 3 differ, with the
 perturbation kind, so each difference can be judged (target: 2x the plain loop, same verdicts
-except where the plain loop misreads a benchmark quirk). A report, not a test::
+except where the plain loop misreads a benchmark quirk).
 
-    .venv/bin/python benchmarks/grade_math.py [--n 2000] [--workers N] [--seed 0] [--show 40]
+Styles: every MATH-500 problem answered without a box (``So the answer is N.``, ``... the value
+we want is $x$.``, ``Therefore, she has N coins.``), with a boxed number decorated by ordinal or
+unit text (``N^{\\mathrm{th}}\\text{ term}``, ``\\text{the }N^{\\text{th}}\\text{ day}``, ``\\text{N coins}``),
+and, for equation golds, the equation rearranged (right) or doubled (wrong: a normalised form is
+asked); beside each right row a control written the same way with a different number or
+expression. Both graders grade the same rows; it prints, per style and in all, each one's
+accuracy, false negatives and false positives apart, then the rows either one gets wrong
+(tests/grading/test_math_answer_styles.py checks the same rows). A report, not a test::
+
+    .venv/bin/python benchmarks/grade_math.py [--part all|speed|styles] [--n 2000] [--workers N]
+        [--seed 0] [--show 40]
 """
 
 from __future__ import annotations
@@ -134,7 +145,7 @@ DECORATIONS = [
 
 def other_value(g: str) -> str:
     """A different answer of the same shape: the first number not in a subscript plus 1 (a base
-    subscript such as ``52_8`` is no value: math-verify ignores it, see the report)."""
+    subscript such as ``52_8`` is no value: math-verify ignores it, so ``52_9`` "equals" ``52_8``)."""
     for m in re.finditer(r"\d+", g):
         if not re.search(r"_\{?$", g[: m.start()]):
             return g[: m.start()] + str(int(m.group()) + 1) + g[m.end() :]
