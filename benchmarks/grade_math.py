@@ -1,4 +1,5 @@
-"""Throughput of the math grader against a plain sequential math-verify loop, on the same responses.
+"""The math grader against a plain sequential math-verify loop, on the same responses: throughput
+(``--part speed``) and accuracy by answer style (``--part styles``); both by default.
 
 Builds 2,000 responses from the gold answers of MATH-500, AIME 2024/2025, OlympiadBench and
 Minerva (../shared/data, or $AGGBENCH_SHARED_DATA) and perturbations of them: the right answer,
@@ -12,9 +13,19 @@ them three ways in one run:
 
 It prints each one's throughput, the ratios, and every verdict on which 1 and 3 differ, with the
 perturbation kind, so each difference can be judged (target: 2x the plain loop, same verdicts
-except where the plain loop misreads a benchmark quirk). A report, not a test::
+except where the plain loop misreads a benchmark quirk).
 
-    .venv/bin/python benchmarks/grade_math.py [--n 2000] [--workers N] [--seed 0] [--show 40]
+Styles: every MATH-500 problem answered without a box (``So the answer is N.``, ``... the value
+we want is $x$.``, ``Therefore, she has N coins.``), with a boxed number decorated by ordinal or
+unit text (``N^{\\mathrm{th}}\\text{ term}``, ``\\text{the }N^{\\text{th}}\\text{ day}``, ``\\text{N coins}``),
+and, for equation golds, the equation rearranged (right) or doubled (wrong: a normalised form is
+asked); beside each right row a control written the same way with a different number or
+expression. Both graders grade the same rows; it prints, per style and in all, each one's
+accuracy, false negatives and false positives apart, then the rows either one gets wrong
+(tests/grading/test_math_answer_styles.py checks the same rows). A report, not a test::
+
+    .venv/bin/python benchmarks/grade_math.py [--part all|speed|styles] [--n 2000] [--workers N]
+        [--seed 0] [--show 40]
 """
 
 from __future__ import annotations
@@ -117,6 +128,138 @@ def build(golds: list[tuple[str, str, object]], n: int, seed: int) -> list[dict]
     return rows
 
 
+# --------------------------------------------------------------------------- answer styles
+
+INTEGER = re.compile(r"-?\d+")
+PLAIN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+# Ordinal and unit decorations of a bare number N, as models write them in a box
+DECORATIONS = [
+    "{n}^{{\\mathrm{{th}}}}\\text{{ term}}",
+    "{n}^{{\\text{{th}}}}",
+    "\\text{{the }}{n}^{{\\text{{th}}}}\\text{{ day}}",
+    "{n}^{{th}}",
+    "{n}~\\text{{units}}",
+    "\\text{{{n} coins}}",
+]
+
+
+def other_value(g: str) -> str:
+    """A different answer of the same shape: the first number not in a subscript plus 1 (a base
+    subscript such as ``52_8`` is no value: math-verify ignores it, so ``52_9`` "equals" ``52_8``)."""
+    for m in re.finditer(r"\d+", g):
+        if not re.search(r"_\{?$", g[: m.start()]):
+            return g[: m.start()] + str(int(m.group()) + 1) + g[m.end() :]
+    return g + "+1"
+
+
+def equation_forms(gold: str) -> tuple[str, str] | None:
+    """(the same equation rearranged, the equation times 2) for a gold that is an equation in some
+    unknown (MATH-500: a plane, two lines, ``x=5``); None for any other gold."""
+    import sympy
+    from math_verify import parse
+
+    if "=" not in gold:
+        return None
+    eq = next((v for v in parse("\\boxed{" + gold + "}") if isinstance(v, sympy.Basic)), None)
+    if not isinstance(eq, sympy.Eq) or not eq.free_symbols:
+        return None
+    moved = f"{sympy.latex(sympy.expand(eq.lhs - eq.rhs))} = 0"
+    scaled = f"{sympy.latex(sympy.expand(2 * eq.lhs))} = {sympy.latex(sympy.expand(2 * eq.rhs))}"
+    return moved, scaled
+
+
+def style_rows(data: Path, seed: int = 0) -> list[dict]:
+    """Responses to every MATH-500 problem in the styles the grader must read, and controls.
+
+    Each row: ``style`` (``unboxed_*``, ``decorated``, ``equation_*``), ``intended`` (True: the
+    response holds the gold answer; False: a control that holds a different number or
+    expression, written the same way), ``response`` and ``answer`` (the gold as stored).
+    Unboxed styles end in a last sentence with no box: ``So the answer is N.``, ``... is $x$.``,
+    ``Therefore, she has N coins.``; decorated ones box a number with ordinal or unit text. Equation
+    golds get their equation rearranged (right) and multiplied by 2 (wrong: a normalised form was
+    asked).
+    """
+    from aggbench.grading.math import clean_gold
+
+    rng = random.Random(seed)
+    rows: list[dict] = []
+    problems = [
+        json.loads(x) for x in (data / "math500" / "test.jsonl").read_text(encoding="utf-8").splitlines() if x
+    ]
+    for k, r in enumerate(problems):
+        g = clean_gold(r["answer"])
+        pad = FILLER * rng.randint(1, 3)
+
+        def add(style: str, intended: bool, response: str, r: dict = r) -> None:
+            rows.append(
+                {
+                    "id": r["unique_id"],
+                    "style": style,
+                    "intended": intended,
+                    "response": response,
+                    "answer": r["answer"],
+                }
+            )
+
+        for intended, ans in ((True, g), (False, other_value(g))):
+            written = ans if PLAIN_NUMBER.fullmatch(ans) else f"${ans}$"
+            add("unboxed_answer_is", intended, f"{pad}So the answer is {written}.")
+            add("unboxed_is_math", intended, f"{pad}Putting it all together, the value we want is ${ans}$.")
+        if INTEGER.fullmatch(g):
+            n = int(g)
+            for intended, m in ((True, n), (False, n + 1)):
+                add("unboxed_sentence", intended, f"{pad}Therefore, she has {m} coins.")
+                if n > 0:
+                    form = DECORATIONS[k % len(DECORATIONS)].format(n=m)
+                    add("decorated", intended, f"{pad}So it is $\\boxed{{{form}}}$.")
+                    add(
+                        "unboxed_decorated",
+                        intended,
+                        f"{pad}So the answer is the ${m}^{{\\text{{th}}}}$ one.",
+                    )
+        forms = equation_forms(g)
+        if forms is not None:
+            moved, scaled = forms
+            add("equation_rearranged", True, f"{pad}The equation is $\\boxed{{{moved}}}$.")
+            add("equation_scaled", False, f"{pad}The equation is $\\boxed{{{scaled}}}$.")
+    return rows
+
+
+def confusion(verdicts: list[bool], intended: list[bool]) -> tuple[int, int, int]:
+    """(right, false negatives, false positives) of verdicts against the intended labels."""
+    right = sum(v == i for v, i in zip(verdicts, intended, strict=True))
+    fn = sum(i and not v for v, i in zip(verdicts, intended, strict=True))
+    fp = sum(v and not i for v, i in zip(verdicts, intended, strict=True))
+    return right, fn, fp
+
+
+def report_styles(rows: list[dict], ours: list[bool], plain: list[bool], show: int) -> None:
+    """Accuracy, false negatives and false positives of both graders, per style and in all."""
+    print(
+        f"\n{'style':<22}{'rows':>6}{'right':>7}  {'aggbench acc   FN   FP':>24}  {'plain acc   FN   FP':>21}"
+    )
+    styles = list(dict.fromkeys(r["style"] for r in rows))
+    for style in [*styles, "all"]:
+        idx = [i for i, r in enumerate(rows) if style in ("all", r["style"])]
+        intended = [rows[i]["intended"] for i in idx]
+        a = confusion([ours[i] for i in idx], intended)
+        p = confusion([plain[i] for i in idx], intended)
+        print(
+            f"{style:<22}{len(idx):>6}{sum(intended):>7}  {a[0] / len(idx):>14.4f}{a[1]:>5}{a[2]:>5}"
+            f"  {p[0] / len(idx):>11.4f}{p[1]:>5}{p[2]:>5}"
+        )
+    off = [
+        (r, a, p)
+        for r, a, p in zip(rows, ours, plain, strict=True)
+        if a != r["intended"] or p != r["intended"]
+    ]
+    for r, a, p in off[:show]:
+        print(
+            f"  {r['id']:<34} {r['style']:<20} intended={r['intended']!s:<5} aggbench={a!s:<5} plain={p!s:<5}"
+            f" gold={r['answer'][:30]!r} ...{r['response'][-60:]!r}"
+        )
+
+
 def plain_loop(rows: list[dict]) -> list[bool]:
     from math_verify import parse, verify
 
@@ -161,13 +304,36 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--show", type=int, default=40, help="differing verdicts to print in full")
+    ap.add_argument("--part", choices=["all", "speed", "styles"], default="all")
     args = ap.parse_args()
     logging.disable(logging.WARNING)  # the plain loop's math-verify timeouts log whole responses
 
+    data = shared_data()
+    if args.part in ("all", "speed"):
+        speed(data, args)
+    if args.part in ("all", "styles"):
+        styles(data, args)
+
+
+def styles(data: Path, args: argparse.Namespace) -> None:
     from aggbench.grading.math import grade_math_batch
     from aggbench.grading.pool import GradingPool, default_workers
 
-    data = shared_data()
+    rows = style_rows(data, args.seed)
+    print(f"\n{len(rows)} MATH-500 responses in answer styles: {dict(Counter(r['style'] for r in rows))}")
+    with GradingPool(workers=args.workers or default_workers(), timeout_s=10.0) as pool:
+        verdicts = grade_math_batch([r["response"] for r in rows], [r["answer"] for r in rows], pool=pool)
+    ours = [v.correct for v in verdicts]
+    plain = plain_loop(rows)
+    report_styles(rows, ours, plain, args.show)
+    missed = Counter(v.reason for v, r in zip(verdicts, rows, strict=True) if v.correct != r["intended"])
+    print(f"aggbench's reasons where it is off: {dict(missed)}")
+
+
+def speed(data: Path, args: argparse.Namespace) -> None:
+    from aggbench.grading.math import grade_math_batch
+    from aggbench.grading.pool import GradingPool, default_workers
+
     rows = build(load_golds(data), args.n, args.seed)
     workers = args.workers or default_workers()
     print(f"{len(rows)} responses from {data}; kinds: {dict(Counter(r['kind'] for r in rows))}")

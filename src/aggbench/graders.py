@@ -54,10 +54,15 @@ class GradingError(ValueError):
     reported as one line, never as wrong answers."""
 
 
-def _resolve(target: str | Callable) -> Callable:
+def resolve_target(target: str | Callable) -> Callable:
+    """A callable, or a ``"module:function"`` string -> the function (importing its module now).
+
+    The one resolver: grader entries here and :class:`~aggbench.grading.pool.GradingPool` tasks."""
     if callable(target):
         return target
-    module, _, attr = target.partition(":")
+    module, sep, attr = target.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"fn must be a callable or 'module:function', got {target!r}")
     return getattr(importlib.import_module(module), attr)
 
 
@@ -75,13 +80,13 @@ class GraderSpec:
     pooled: bool = False
 
     def grade_fn(self) -> GradeFn:
-        return _resolve(self.grade)
+        return resolve_target(self.grade)
 
     def row_check(self) -> RowCheck | None:
-        return None if self.check_row is None else _resolve(self.check_row)
+        return None if self.check_row is None else resolve_target(self.check_row)
 
     def reward_fn(self) -> RewardFn | None:
-        return None if self.reward is None else _resolve(self.reward)
+        return None if self.reward is None else resolve_target(self.reward)
 
     def sample_fields(self) -> tuple[str, ...]:
         """What a row to grade must carry."""

@@ -117,3 +117,18 @@ def test_a_cell_config_names_a_plugin_grader_as_its_reward(tmp_path):
         assert load_train_config(cell).dataset.grader == "toy_reward"
     finally:
         GRADERS._entries.pop("toy_reward", None)
+
+
+def test_grader_entries_and_pool_tasks_resolve_their_functions_alike():
+    """One resolver for a grader entry's "module:function" strings and a GradingPool task's."""
+    from aggbench.graders import GraderSpec, resolve_target
+    from aggbench.grading.math import grade_math_item
+    from aggbench.grading.pool import GradingPool
+
+    assert resolve_target("aggbench.grading.math:grade_math_item") is grade_math_item
+    assert resolve_target(len) is len
+    with pytest.raises(ValueError, match="module:function"):
+        GraderSpec("broken", record="answer", grade="aggbench.grading.math").grade_fn()
+    with GradingPool(workers=1, timeout_s=30.0) as pool:
+        [verdict] = pool.map("aggbench.grading.math:grade_math_item", [("\\boxed{2}", "2", None, None, None)])
+    assert verdict.correct

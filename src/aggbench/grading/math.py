@@ -5,8 +5,12 @@ One grader serves training rewards and checkpoint evaluation, so the two can nev
 Extraction (:func:`extract_answer`, in :mod:`aggbench.grading.math_extract`), in this order:
   1. the last ``\\boxed{...}`` / ``\\boxed ...`` / ``\\fbox{...}`` whose braces close;
   2. else the last DAPO ``Answer: ...`` line (``Answer: $42$``, ``Answer: 42``);
-  3. else Minerva's ``The final answer is ... I hope it is correct.``
-  None when the response has none of them.
+  3. else Minerva's ``The final answer is ... I hope it is correct.``;
+  4. else, where the response has no box command at all, the unboxed last sentence as
+     Qwen2.5-Math's evaluation and math-verify read it (``so the answer is 12.``, ``... is $x$.``,
+     ``Therefore, she has 12 coins.``), with math-verify's own patterns on the response's tail.
+  None when the response has none of them. A bare number decorated with ordinal or unit text
+  (``5^{\\mathrm{th}}\\text{ term}``) is then reduced to the number.
 
 Equivalence is math-verify's (``verify(gold, pred)``, gold first; both sides are parsed as
 ``\\boxed{<answer>}``), after normalising the quirks of the real benchmark files (see
@@ -16,13 +20,15 @@ unit outside it or Python literals (``4.5e33``, ``-1./3``, ``np.arcsin(10/13)``)
 ``10,\\!080``, ``\\text{(C)}`` = ``C``, ``^\\circ``, ``\\dfrac``, ``\\text{ cm}`` units and unordered
 lists of answers; the tests pin those behaviours. One deliberate deviation: math-verify calls any
 two numbers below ~5e-7 equal (it compares 6 decimal places), so for golds below 1e-3 a numeric
-prediction must also agree to a relative 1e-3 (Minerva's 7e-19 is not 2.88e-19). On top of
+prediction must also agree to a relative 1e-3 (Minerva's 7e-19 is not 2.88e-19). Another: an
+equation is not accepted for an equation gold when it only agrees up to a scale factor
+(``4x - 2y + 6z = 16`` for ``2x - y + 3z = 8``; such golds are asked in a normalised form). On top of
 math-verify: an optional absolute
 numeric ``tolerance`` (OlympiadBench ``error``) and an optional ``unit`` stripped from the end of
 the prediction (OlympiadBench ``unit``, e.g. ``cm^2`` or ``%``, which math-verify does not know).
 
 Safety: only the extracted answer (at most :data:`MAX_ANSWER_CHARS`) ever reaches the parser;
-extraction itself is linear in the response length, so no cap on the response is needed and none
+extraction itself is linear in the response length (step 4 reads a bounded tail), so no cap on the response is needed and none
 can change a verdict. math-verify's own SIGALRM timeouts are disabled because they reset any
 other ITIMER_REAL (ours included) and log the whole response on expiry; :func:`grade_math` sets
 its own soft deadline instead, and :func:`grade_math_batch` grades in worker processes that are
@@ -50,6 +56,7 @@ from aggbench.grading.math_extract import (
     MAX_ANSWER_CHARS,
     _last_boxed,
     extract_answer,
+    strip_number_decoration,
 )
 
 if TYPE_CHECKING:
@@ -80,6 +87,7 @@ class MathVerdict:
     correct: ``exact_match``, ``integer_match``, ``equivalent`` (math-verify), ``within_tolerance``.
     wrong: ``no_answer``, ``empty_answer``, ``answer_too_long``, ``integer_mismatch``,
     ``not_equivalent``, ``small_number_mismatch`` (see :func:`_small_numbers_differ`),
+    ``scaled_equation`` (see :func:`_compare_equations`),
     ``gold_unparseable``, ``timeout``, ``worker_crashed``, ``error: ...``.
     """
 
@@ -206,6 +214,41 @@ def _small_numbers_differ(gold: str, pred_parsed: Sequence[Any]) -> bool:
     return p is not None and abs(p - g) > 1e-3 * abs(g)
 
 
+def _first_equation(values: Sequence[Any]) -> sympy.Eq | None:
+    """The first parsed value if it is an equation in some unknown (``2x - y + 3z = 8``), else None."""
+    for v in values:
+        if isinstance(v, sympy.Basic):
+            return v if isinstance(v, sympy.Eq) and v.free_symbols else None
+    return None
+
+
+def _compare_equations(pred: str, gold_eq: sympy.Eq, pred_eq: sympy.Eq) -> MathVerdict:
+    """Two equations: equal when their ``lhs - rhs`` agree, or agree with opposite sign (the sides
+    swapped), compared by math-verify's ``verify`` on those expressions.
+
+    math-verify alone also accepts two equations when ``solve()`` gives both the same solutions,
+    which any non-zero multiple of an equation has: ``4x - 2y + 6z = 16`` "equals"
+    ``2x - y + 3z = 8``. Golds that are equations are asked in a normalised form (MATH-500's plane:
+    "A > 0 and gcd(|A|,|B|,|C|,|D|) = 1", lines as "y = mx + b"), so that route is left out here:
+    verdict ``scaled_equation`` when the two differ by a constant factor, else ``not_equivalent``.
+    Leaving it out also skips solve(), which takes 15 s on a differential equation beside
+    ``(x-2)(x-3) = 0``.
+    """
+    try:
+        dg, dp = gold_eq.lhs - gold_eq.rhs, pred_eq.lhs - pred_eq.rhs
+    except TypeError:  # "x \in [-2, 7]" is read as Eq(x, Interval): math-verify's own comparison
+        same = bool(verify(gold_eq, pred_eq, timeout_seconds=None))
+        return MathVerdict(same, pred, "equivalent" if same else "not_equivalent")
+    if verify(dg, dp, timeout_seconds=None) or verify(dg, -dp, timeout_seconds=None):
+        return MathVerdict(True, pred, "equivalent")
+    try:
+        ratio = sympy.cancel(dg / dp)
+        scaled = bool(ratio.is_number) and ratio != 0
+    except Exception:  # noqa: BLE001 - sympy raises many kinds; then it is just not equivalent
+        scaled = False
+    return MathVerdict(False, pred, "scaled_equation" if scaled else "not_equivalent")
+
+
 def _compare(pred: str, gold: str, tolerance: float | None) -> MathVerdict:
     # Shortcut 1: identical strings. It cannot change a verdict: identical strings parse to
     # identical results, and math-verify also compares its fallback strings (the normalised
@@ -223,6 +266,9 @@ def _compare(pred: str, gold: str, tolerance: float | None) -> MathVerdict:
     if not gold_parsed:
         return MathVerdict(False, pred, "gold_unparseable")
     pred_parsed = _parse(pred)
+    gold_eq, pred_eq = _first_equation(gold_parsed), _first_equation(pred_parsed)
+    if gold_eq is not None and pred_eq is not None:
+        return _compare_equations(pred, gold_eq, pred_eq)
     equal = verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None)
     vetoed = equal and _small_numbers_differ(gold, pred_parsed)
     if equal and not vetoed:
@@ -310,7 +356,7 @@ def grade_math(
         return MathVerdict(False, extracted, "empty_answer")
     if len(extracted) > MAX_ANSWER_CHARS:
         return MathVerdict(False, extracted[:200] + "...", "answer_too_long")
-    pred = _strip_unit(_common(extracted), unit)
+    pred = _strip_unit(_common(strip_number_decoration(extracted)), unit)
     try:
         with _soft_deadline(timeout_s):
             verdicts = []

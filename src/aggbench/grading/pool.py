@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from aggbench.graders import resolve_target
+
 __all__ = ["GradingPool", "default_failure", "default_workers"]
 
 # Modules the worker (and the fork server, where it is ours to start) imports before it says ready,
@@ -66,15 +68,6 @@ def default_workers() -> int:
 def default_failure(reason: str) -> dict[str, Any]:
     """What a failed task yields unless ``map`` is given another ``failure`` factory."""
     return {"correct": False, "extracted": None, "reason": reason}
-
-
-def _resolve(fn: str | Callable[[Any], Any]) -> Callable[[Any], Any]:
-    if callable(fn):
-        return fn
-    module, sep, name = fn.partition(":")
-    if not sep or not module or not name:
-        raise ValueError(f"fn must be a callable or 'module:function', got {fn!r}")
-    return getattr(importlib.import_module(module), name)
 
 
 def _worker_main(conn: Connection, preload: tuple[str, ...]) -> None:
@@ -101,7 +94,7 @@ def _worker_main(conn: Connection, preload: tuple[str, ...]) -> None:
         try:
             fn = cache.get(fn_payload)
             if fn is None:
-                fn = _resolve(fn_payload) if isinstance(fn_payload, str) else pickle.loads(fn_payload)
+                fn = resolve_target(fn_payload) if isinstance(fn_payload, str) else pickle.loads(fn_payload)
                 cache[fn_payload] = fn
             items = pickle.loads(items_blob)
         except Exception as exc:
