@@ -155,6 +155,7 @@ def test_max_context_caps_budgets_and_counts_prompts_that_do_not_fit(model_cli, 
     assert bench["context"] == {"max_context": 64, "prompts_over_context": 0, "responses_capped": 6}
     assert len(rows) == 12 and all(0 < r["length"] <= 6 for r in rows) and bench["not_generated"] == 0
     assert any(r["finish_reason"] == "length" and r["length"] == 6 for r in rows)  # the cap, reached
+    assert all(r["context_capped"] for r in rows)  # each row says its budget was cut (score counts them)
     result = model_cli("generate", "tiny_test", *common, "--max-context", "58")
     assert result.exit_code == 0, result.output
     bench = json.loads((tmp_path / "generation.json").read_text())["benchmarks"]["tiny_test"]

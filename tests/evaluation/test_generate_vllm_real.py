@@ -107,6 +107,7 @@ def test_vllm_generates_math500_with_the_context_policy_counted(tiny_model, shar
     assert all(r["length"] <= 64 for r in rows)
     metrics = _score("math500", tmp_path / "math500.jsonl", tmp_path)
     assert metrics["n_responses"] == 500 and metrics["not_generated"] == 40
+    assert metrics["context_capped"] == ctx["responses_capped"] == sum(r["context_capped"] for r in rows)
 
 
 def test_vllm_serves_an_overridden_model_with_its_raised_positions(shared_data, tmp_path):

@@ -69,10 +69,12 @@ def test_prompts_beyond_the_context_are_in_the_table_notes(grid):
         tmp_path / "results" / "runs" / rf.cell_id("token", 0) / "eval" / "step_12" / "math500.metrics.json"
     )
     metrics = json.loads(path.read_text())
-    path.write_text(json.dumps({**metrics, "not_generated": 3}))
+    path.write_text(json.dumps({**metrics, "not_generated": 3, "context_capped": 5}))
     _, md = _report(tmp_path, config)
     assert (
         f"token: {rf.cell_id('token', 0)}: math500: prompts longer than the model's context, not generated "
         "and graded wrong: 3 at step 12"
     ) in md
     assert md.count("not generated and graded wrong") == 1  # one note, under the one last-step table
+    assert "math500: responses whose max_tokens the model's context cut short: 5 at step 12" in md
+    assert "math500: responses whose max_tokens the model's context cut short: 5 at step 12" in md

@@ -371,6 +371,8 @@ def sample_benchmark(
             "response": response,
             "length": length,
             "finish_reason": finish,
+            # its budget was cut to the room the model's context left (aggbench.evaluation.context)
+            "context_capped": 0 < budgets[p] < sampling["max_tokens"],
             **record_fields(spec, records[p]),
         }
 

@@ -143,6 +143,8 @@ def compute_metrics(
             "truncation_rate": float(np.mean([x == "length" for x in reasons])) if reasons else None,
             # prompts with no room in the model's context (aggbench.evaluation.context), graded wrong
             "not_generated": sum(x == "prompt_too_long" for x in reasons),
+            # responses whose budget the context cut below the benchmark's max_tokens
+            "context_capped": sum(bool(r.get("context_capped")) for r in flat),
         }
     )
     return out

@@ -32,7 +32,9 @@ class CellData:
     train: dict[str, dict[int, float]] = field(default_factory=dict)
     rule_version: str | None = None  # what the run was trained under (aggregation.json, else its tag)
     expected_version: str | None = None  # the grid's rule version today
-    not_generated: dict[str, dict[int, float]] = field(default_factory=dict)  # benchmark -> step -> n
+    # the context policy's counts (aggbench.evaluation.context): {"not_generated" | "context_capped":
+    # {benchmark: {step: n}}}
+    context: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
 
     @property
     def stale(self) -> bool:
@@ -201,9 +203,9 @@ def collect(
         if run is not None and not data.stale:
             rid = run.info.run_id
             data.evals = {b: metric_history(client, rid, k) for b, k in keys.items()}
-            data.not_generated = {
-                b: metric_history(client, rid, metric_names.mlflow_key(b, "not_generated"))
-                for b in benchmarks
+            data.context = {
+                kind: {b: metric_history(client, rid, metric_names.mlflow_key(b, kind)) for b in benchmarks}
+                for kind in ("not_generated", "context_capped")
             }
             wanted = [
                 SENTINEL,

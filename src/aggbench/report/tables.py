@@ -186,17 +186,21 @@ def check_reported(exp: dict) -> None:
         raise ValueError("invalid `reported:` block:\n  " + "\n  ".join(problems))
 
 
-def _context_notes(not_generated: Mapping[str, Mapping[int, float]]) -> list[str]:
-    """One note per benchmark with prompts that did not fit the model's context at some step
-    (aggbench.evaluation.context: not generated, graded wrong)."""
+CONTEXT_NOTES = {
+    "not_generated": "prompts longer than the model's context, not generated and graded wrong",
+    "context_capped": "responses whose max_tokens the model's context cut short",
+}
+
+
+def _context_notes(context: Mapping[str, Mapping[str, Mapping[int, float]]]) -> list[str]:
+    """One note per (kind, benchmark) the context policy touched at some step (aggbench.evaluation.
+    context): prompts that did not fit (not generated, graded wrong), budgets it capped."""
     out = []
-    for bench, by_step in not_generated.items():
-        counts = {t: int(v) for t, v in sorted(by_step.items()) if v}
-        if counts:
-            where = ", ".join(f"{n} at step {t}" for t, n in counts.items())
-            out.append(
-                f"{bench}: prompts longer than the model's context, not generated and graded wrong: {where}"
-            )
+    for kind, what in CONTEXT_NOTES.items():
+        for bench, by_step in context.get(kind, {}).items():
+            counts = {t: int(v) for t, v in sorted(by_step.items()) if v}
+            if counts:
+                out.append(f"{bench}: {what}: " + ", ".join(f"{n} at step {t}" for t, n in counts.items()))
     return out
 
 
@@ -221,7 +225,7 @@ def build_tables(col: Collected, *, mismatched: Iterable[str] = ()) -> dict[str,
                 if why:
                     flagged.add(rule)
                     notes.append(f"{rule}: {c.cell.id}: {'; '.join(why)}")
-                notes += [f"{rule}: {c.cell.id}: {n}" for n in _context_notes(c.not_generated)]
+                notes += [f"{rule}: {c.cell.id}: {n}" for n in _context_notes(c.context)]
         base_vals = col.base.get(model, {})
         missing_base = [b for b in benches if b not in base_vals]
         if col.base_expected and missing_base:
