@@ -113,11 +113,12 @@ def write_report(path: str | Path, fit: PromptFit, **about: Any) -> None:
 def fit_training_records(
     cfg: Any, tokenizer: Any, records: list[dict[str, Any]], report_to: Path | None
 ) -> list[dict[str, Any]]:
-    """The trainer's filter: the records that fit, with the dropped ones logged and (``report_to``:
-    the main rank's file) written. Raises :class:`DataError` when none fits."""
+    """The trainer's filter: the records that fit. ``report_to`` (the main rank's; None on the
+    others, which filter alike but say nothing): where the count and ids are written, and logged.
+    Raises :class:`DataError` when none fits."""
     fit = fit_prompts(cfg, tokenizer, records, where=cfg.dataset.path)
-    if fit.dropped:
-        log.warning("%s: %s", cfg.dataset.path, fit.summary())
     if report_to is not None:
+        if fit.dropped:
+            log.warning("%s: %s", cfg.dataset.path, fit.summary())
         write_report(report_to, fit, data=str(cfg.dataset.path), tokenizer=str(cfg.model.path))
     return fit.kept
