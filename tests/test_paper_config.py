@@ -116,3 +116,30 @@ def test_training_and_evaluation_answer_formats_are_both_graded():
     assert grade_math("so 6 * 7 = 42, and the answer is \\boxed{42}.", "42").correct
     assert not grade_math("so 6 * 7 = 41.\nAnswer: 41", "42").correct
     assert "Answer format:" in raw and "[assumed: the paper's prompts are unknown]" in raw
+
+
+def test_max_prompt_tokens_fit_the_context_and_name_the_overlong_filter():
+    """Issue 13, item 6: each model's prompt budget, its label, and what happens to a longer prompt
+    (dropped before training, as verl's data.filter_overlong_prompts; tests/train/test_overlong_prompts.py)."""
+    raw = PAPER.read_text()
+    cfg = yaml.safe_load(raw)
+    expected = {"qwen2.5-math-7b": (2048, 8192), "qwen3-1.7b": (2048, 8192)}  # the 7B recipe's
+    for name, model in cfg["models"].items():
+        s = model["training"]["sampling"]
+        assert (s["max_prompt_tokens"], s["max_new_tokens"]) == expected[name], name
+        assert s["max_prompt_tokens"] + s["max_new_tokens"] <= model["max_context"], name
+    # the source label stays with the number, and the comment above it names the filter
+    blocks = re.findall(
+        r"((?:\s*#.*\n)+)\s*sampling: \{max_prompt_tokens: (\d+), max_new_tokens: \d+\}\s*# (\[DAPO-verl-7B\])",
+        raw,
+    )
+    assert [int(b[1]) for b in blocks] == [2048, 2048]
+    for comment, _value, _label in blocks:
+        assert "max_prompt_tokens" in comment and "[assumed" in comment and "dropped before" in comment
+        assert "filter_overlong_prompts" in comment
+    # the value reaches the cell config the trainer filters with
+    from aggbench.grid import cell_train_config, cells, load_experiment
+
+    exp = load_experiment(PAPER)
+    got = {c.model: cell_train_config(exp, c.id).sampling.max_prompt_tokens for c in cells(exp)}
+    assert got == {name: v[0] for name, v in expected.items()}

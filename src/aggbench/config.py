@@ -137,7 +137,11 @@ class SamplingConfig(_Strict):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
     max_new_tokens: int = Field(64, ge=1, description="Maximum response length (also constant's L_max).")
-    max_prompt_tokens: int = Field(256, ge=1, description="Prompts longer than this are an error.")
+    max_prompt_tokens: int = Field(
+        256,
+        ge=1,
+        description="Longest prompt in tokens (templated); longer ones are dropped before training.",
+    )
 
 
 class RolloutConfig(_Strict):

@@ -2,7 +2,9 @@
 
     {results}/models/{model}/                           prepared model (prepare_model)
     {results}/data/{dataset}.jsonl                      canonical training set (prepare_data)
+    {data file stem}.filter.json                        rows prepare-data --fit-to dropped (too long)
     {results}/runs/{cell}/cell.yaml                     the cell's training config
+    {results}/runs/{cell}/prompt_filter.json            prompts the trainer dropped (too long)
     {results}/runs/{cell}/metrics.jsonl                 one row per finished step (source of truth)
     {results}/runs/{cell}/mlflow_run.json               which MLflow run holds the cell
     {results}/runs/{cell}/checkpoints/step_{N}/COMPLETE a committed checkpoint (written last)
@@ -49,6 +51,16 @@ def model_dir(results: str | Path, model: str) -> Path:
 
 def data_file(results: str | Path, dataset: str) -> Path:
     return Path(results) / "data" / f"{dataset}.jsonl"
+
+
+def data_filter_file(data: str | Path) -> Path:
+    """Beside a prepared data file: the rows ``prepare-data --fit-to`` dropped as too long."""
+    return Path(data).with_suffix(".filter.json")
+
+
+def prompt_filter_file(run: str | Path) -> Path:
+    """In a run directory: the records of ``dataset.path`` the trainer dropped as too long."""
+    return Path(run) / "prompt_filter.json"
 
 
 def run_dir(results: str | Path, cell: str) -> Path:

@@ -48,13 +48,33 @@ def stop_token_ids(tokenizer: Any, tokens: list[str] | tuple[str, ...]) -> list[
     return [int(vocab[t]) for t in tokens]
 
 
+def prompt_ids(tokenizer: Any, text: str, **kw: Any) -> list[int]:
+    """Token ids of one formatted prompt (the template already holds the special tokens): what the
+    engine is given, and so what ``sampling.max_prompt_tokens`` counts."""
+    return tokenizer(format_prompt(tokenizer, text, **kw), add_special_tokens=False)["input_ids"]
+
+
+def overlong_prompts(tokenizer: Any, texts: list[str], max_tokens: int, **kw: Any) -> dict[int, int]:
+    """{index: token count} of the prompts whose formatted ids number MORE than ``max_tokens``.
+
+    verl's ``data.filter_overlong_prompts`` keeps a row iff ``len(apply_chat_template(messages,
+    add_generation_prompt=True)) <= max_prompt_length``; this counts the same ids, built by
+    :func:`prompt_ids` exactly as the trainer encodes them."""
+    over = {}
+    for i, text in enumerate(texts):
+        n = len(prompt_ids(tokenizer, text, **kw))
+        if n > max_tokens:
+            over[i] = n
+    return over
+
+
 def encode_prompts(
     tokenizer: Any, texts: list[str], *, max_tokens: int | None = None, **kw: Any
 ) -> list[list[int]]:
     """Token ids of each formatted prompt (the template already holds the special tokens)."""
     out = []
     for i, text in enumerate(texts):
-        ids = tokenizer(format_prompt(tokenizer, text, **kw), add_special_tokens=False)["input_ids"]
+        ids = prompt_ids(tokenizer, text, **kw)
         if max_tokens is not None and len(ids) > max_tokens:
             raise ValueError(
                 f"prompt {i} has {len(ids)} tokens, above sampling.max_prompt_tokens={max_tokens}; "

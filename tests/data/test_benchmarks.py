@@ -10,8 +10,6 @@ import base64
 import json
 import os
 import pickle
-import sys
-import types
 import warnings
 import zlib
 from pathlib import Path
@@ -26,7 +24,7 @@ from aggbench.data import (
     load_benchmark,
     load_benchmark_spec,
 )
-from aggbench.data.sources import decode_lcb_tests
+from aggbench.data.rows import decode_lcb_tests
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED = {"math500", "aime24", "aime25", "olympiadbench", "minerva", "livecodebench", "tiny_test"}
@@ -233,7 +231,7 @@ def test_livecodebench_date_window(data_env: Path) -> None:
 
 
 def test_lcb_hub_row_adapter_decodes_private_tests_safely() -> None:
-    from aggbench.data.sources import _adapt_livecodebench
+    from aggbench.data.rows import _adapt_livecodebench
 
     private = [{"input": "1\n", "output": "2\n", "testtype": "stdin"}]
     encoded = base64.b64encode(zlib.compress(pickle.dumps(json.dumps(private)))).decode()
@@ -322,7 +320,7 @@ def test_unreachable_hub_names_the_env_var(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_tiny_test_uses_make_task_test_split(monkeypatch: pytest.MonkeyPatch) -> None:
-    # aggbench.tiny.task is written by another module; a stub with the agreed signature stands in.
+    # a stub with make_task's signature stands in for the real task (checked by tests/tiny)
     calls = []
 
     def make_task(seed: int, n_train: int, n_test: int):
@@ -331,7 +329,7 @@ def test_tiny_test_uses_make_task_test_split(monkeypatch: pytest.MonkeyPatch) ->
         test = [{"id": f"te{i}", "prompt": f"{i}+2=", "answer": i + 2} for i in range(n_test)]
         return train, test
 
-    monkeypatch.setitem(sys.modules, "aggbench.tiny.task", types.SimpleNamespace(make_task=make_task))
+    monkeypatch.setattr("aggbench.data.rows.make_task", make_task)
     spec = load_benchmark_spec("tiny_test")
     records = load_benchmark(spec)
     assert calls == [(0, 512, 64)]
@@ -370,7 +368,7 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch):
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     # hub metadata: a branch resolves to this commit (no network in tests)
-    monkeypatch.setattr("aggbench.data.sources.resolve_revision", lambda hub: "a" * 40)
+    monkeypatch.setattr("aggbench.data.rows.resolve_revision", lambda hub: "a" * 40)
     return calls, tables
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-import types
 import warnings
 from pathlib import Path
 
@@ -120,16 +118,12 @@ def test_polaris_synthetic_fixture_loads(tmp_path: Path) -> None:
 
 
 def test_tiny_dataset_is_the_train_split(monkeypatch: pytest.MonkeyPatch) -> None:
-    # aggbench.tiny.task is written by another module; a stub with the agreed signature stands in.
+    # a stub with make_task's signature (a (train, test) pair) stands in for the real task
     def make_task(seed: int, n_train: int, n_test: int):
-        return {
-            "train": [
-                {"id": f"tr{i}", "prompt": f"{i}+{seed}=", "answer": str(i + seed)} for i in range(n_train)
-            ],
-            "test": [{"id": "te0", "prompt": "x", "answer": "y"}] * n_test,
-        }
+        train = [{"id": f"tr{i}", "prompt": f"{i}+{seed}=", "answer": str(i + seed)} for i in range(n_train)]
+        return train, [{"id": "te0", "prompt": "x", "answer": "y"}] * n_test
 
-    monkeypatch.setitem(sys.modules, "aggbench.tiny.task", types.SimpleNamespace(make_task=make_task))
+    monkeypatch.setattr("aggbench.data.rows.make_task", make_task)
     records = load_training_dataset("tiny")
     assert len(records) == 512
     assert records[3] == {"id": "tr3", "prompt": "3+0=", "answer": "3"}

@@ -63,19 +63,59 @@ def write_cell(config: str, cid: str, out: str) -> None:
 @click.argument("spec")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Canonical JSONL to write.")
 @click.option("--limit", type=click.IntRange(min=1), default=None)
+@click.option(
+    "--fit-to",
+    "fit_to",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="A cell's training config: drop the rows whose prompt, templated as that cell trains on it, "
+    "is longer than its sampling.max_prompt_tokens with its model's tokenizer (verl's "
+    "filter_overlong_prompts); their count and ids go to OUT's .filter.json.",
+)
 @click_errors
-def prepare_data_command(spec: str, out: str, limit: int | None) -> None:
+def prepare_data_command(spec: str, out: str, limit: int | None, fit_to: str | None) -> None:
     """Write a training dataset (SPEC: dapo17k, polaris, tiny or a YAML path) as canonical JSONL.
 
     Prompts are written with the dataset's instruction template applied, so the trainer feeds them
-    to the chat template as they are. $AGGBENCH_DATA_DIR overrides the hub.
+    to the chat template as they are. $AGGBENCH_DATA_DIR overrides the hub. Without --fit-to the
+    trainer drops over-long prompts itself when it starts (and says so in its run directory).
     """
     from aggbench.data import load_training_dataset, load_training_spec, write_jsonl
 
+    cell = _cell(fit_to) if fit_to else None  # a bad cell config fails before the data loads
     s = load_training_spec(spec)
     records = [{**r, "prompt": s.render_prompt(r)} for r in load_training_dataset(s, limit=limit)]
+    fit = _fit(cell, fit_to, records, out) if cell else None
     try:
-        n = write_jsonl(out, records)  # atomically
+        n = write_jsonl(out, fit.kept if fit else records)  # atomically
     except OSError as exc:
         raise click.ClickException(f"cannot write --out {out}: {exc.strerror or exc}") from None
+    if fit is not None:
+        from aggbench.layout import data_filter_file
+        from aggbench.train.prompt_fit import write_report
+
+        report = data_filter_file(out)
+        write_report(report, fit, dataset=s.name, fit_to=fit_to, tokenizer=str(cell.model.path))
+        click.echo(f"{s.name}: {fit.summary()} (listed in {report})")
     click.echo(f"{s.name}: {n} records -> {out}")
+
+
+def _cell(path: str):
+    from aggbench.config import ConfigError, load_train_config
+
+    try:
+        return load_train_config(path)
+    except ConfigError as exc:
+        raise click.ClickException(f"--fit-to: {exc}") from None
+
+
+def _fit(cfg, cell: str, records: list[dict], out: str):
+    """The records that fit the cell's prompt budget (:mod:`aggbench.train.prompt_fit`)."""
+    from transformers import AutoTokenizer
+
+    from aggbench.modeldir import loading
+    from aggbench.train.prompt_fit import fit_prompts
+
+    with loading(cfg.model.path, what=f"model.path of --fit-to {cell}"):
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    return fit_prompts(cfg, tokenizer, records, where=f"{out} (prepared for --fit-to {cell})")

@@ -15,7 +15,8 @@ Data: ``$AGGBENCH_DATA_DIR/<offline_file>`` overrides the hub (compute nodes may
 otherwise ``datasets.load_dataset(hub.id, revision=hub.revision, split=hub.split)``. HumanEval+ and
 MBPP+ (``evalplus:`` source, optional) load through evalplus's loaders instead
 (:mod:`aggbench.data.evalplus_source`; offline: ``HUMANEVAL_OVERRIDE_PATH`` / ``MBPP_OVERRIDE_PATH``).
-The shared machinery (strict models, config lookup, row sources) is in :mod:`aggbench.data.sources`.
+The shared machinery is in :mod:`aggbench.data.sources` (strict models, config lookup) and
+:mod:`aggbench.data.rows` (row sources).
 """
 
 from __future__ import annotations
@@ -32,18 +33,20 @@ from pydantic import Field, field_validator, model_validator
 
 from aggbench.data.evalplus_source import EvalPlusSource
 from aggbench.data.jsonl import DataError, get_field
+from aggbench.data.rows import (
+    as_answer,
+    as_text,
+    decode_lcb_tests,
+    resolve_data_dir,
+)
 from aggbench.data.sources import (
     DataUnavailableError,
     FieldMap,
     OfflineJoin,
     SpecError,
     Strict,
-    as_answer,
-    as_text,
     available_names,
     config_dirs,
-    decode_lcb_tests,
-    resolve_data_dir,
 )
 from aggbench.data.spec import DataSpec, load_spec
 from aggbench.graders import get_grader

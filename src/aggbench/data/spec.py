@@ -14,6 +14,15 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 from pydantic import Field, PrivateAttr, field_validator
 
+from aggbench.data.rows import (
+    Row,
+    builtin_rows,
+    hub_rows,
+    offline_path,
+    offline_rows,
+    top_columns,
+    url_rows,
+)
 from aggbench.data.sources import (
     DATA_DIR_ENV,
     BuiltinSource,
@@ -22,19 +31,12 @@ from aggbench.data.sources import (
     Grader,
     HubSource,
     OfflineJoin,
-    Row,
     Strict,
     UrlSource,
-    builtin_rows,
     check_relative,
-    hub_rows,
     looks_like_path,
-    offline_path,
-    offline_rows,
     read_spec,
     resolve_config,
-    top_columns,
-    url_rows,
 )
 
 

@@ -24,14 +24,16 @@ from typing import Any
 from pydantic import field_validator, model_validator
 
 from aggbench.data.jsonl import DataError, get_field, iter_jsonl
-from aggbench.data.sources import (
-    FieldMap,
+from aggbench.data.rows import (
     Row,
     as_answer,
     as_text,
+    resolve_data_dir,
+)
+from aggbench.data.sources import (
+    FieldMap,
     available_names,
     config_dirs,
-    resolve_data_dir,
 )
 from aggbench.data.spec import DataSpec, load_spec
 

@@ -141,7 +141,7 @@ def model_shape(exp: dict, name: str, plan: dict) -> tuple[cm.ModelShape, str]:
 def benchmark_workload(exp: dict, plan: dict) -> list[dict[str, Any]]:
     """Per benchmark: problems (and where that number came from), samples, max response tokens."""
     from aggbench.data import load_benchmark_spec
-    from aggbench.data.sources import resolve_data_dir
+    from aggbench.data.rows import resolve_data_dir
 
     ev, root, out = exp["evaluation"], resolve_data_dir(None), []
     for b in exp["benchmarks"]:

@@ -46,7 +46,7 @@ from aggbench.data.training import read_training_records
 from aggbench.files import write_atomic
 from aggbench.modeldir import loading, require_positions, require_weights
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_tags
-from aggbench.train import batching, checkpoint, engine_checks, parallel, step_log
+from aggbench.train import batching, checkpoint, engine_checks, parallel, prompt_fit, step_log
 from aggbench.train.advantages import get_advantage
 from aggbench.train.global_batch import gather_minibatch
 from aggbench.train.update import LossSettings, accumulate_gradients, fixed_logprobs, minibatch_weights
@@ -201,6 +201,10 @@ def _train_locked(
     records = prep.records if prep.records is not None else _check_inputs(cfg, start)  # (another job ran)
     with checkpoint.opening(out, start, cfg.model.path) as model_dir:  # step_N, or model.path
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # over-long prompts leave before any is drawn, and before the weights load (prompt_fit)
+    report = layout.prompt_filter_file(out) if main else None
+    records = prompt_fit.fit_training_records(cfg, tokenizer, records, report)
+    with checkpoint.opening(out, start, cfg.model.path) as model_dir:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model = parallel.prepare_model(model, ranks, cfg, device)  # this device; FSDP: sharded
     model.train()
@@ -246,11 +250,7 @@ def _train_locked(
         in_process=True,  # the weight push needs tensors to reach the worker (rollout/vllm.py)
         stop_token_ids=stop_token_ids(tokenizer, cfg.model.stop_tokens),
     )
-    prompt_kw = {
-        "system_prompt": cfg.model.system_prompt,
-        "enable_thinking": cfg.model.enable_thinking,
-        "chat_template": cfg.model.chat_template,
-    }
+    prompt_kw = prompt_fit.prompt_options(cfg)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     probe = None  # (prompt, response) the engine and the policy score after every push
     bar = step_log.progress(
@@ -348,7 +348,7 @@ def _rollouts_with_rewards(cfg, engine, tokenizer, records, idx, slots, step, re
     rng = random.Random(seeds.refill_draws(cfg.seed, step, rank))
     while True:
         recs = [records[i] for i in pending]
-        texts = [cfg.dataset.prompt_template.replace("{prompt}", r["prompt"]) for r in recs]
+        texts = [prompt_fit.prompt_text(cfg, r) for r in recs]
         ids = encode_prompts(tokenizer, texts, max_tokens=s.max_prompt_tokens, **prompt_kw)
         roll = _generate(cfg, engine, ids, step, rounds, keys, rank)
         rewards = reward_fn(roll.texts, [recs[g]["answer"] for g in roll.group])
