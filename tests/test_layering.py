@@ -18,18 +18,20 @@ from helpers.support import import_without
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "aggbench"
 FOUNDATION = {"registry", "files", "layout", "metric_names", "seeds", "devices", "modeldir", "prompts"}
+FOUNDATION |= {"config_errors"}
 
 ALLOWED: dict[str, set[str]] = {
     **{name: set() for name in FOUNDATION},
     "graders": {"registry"},
     "modeldir": {"tiny/"},  # prepare-model builds the tiny model (tiny/ imports nothing of aggbench)
-    "config": {"files", "graders", "layout", "registry"},
+    "prompts": {"config_errors"},  # a bad model.stop_tokens is a ConfigError
+    "config": {"config_errors", "files", "graders", "layout", "registry"},
     "tiny/": set(),
     "aggregation/": {"registry"},
     "data/": {"files", "graders", "metric_names", "registry", "tiny/"},
     "tracking": {"files", "layout", "aggregation/"},
     "grading/": {"data/", "graders", "tiny/"},
-    "grid": {"aggregation/", "config", "data/", "layout"},
+    "grid": {"aggregation/", "config", "config_errors", "data/", "layout"},
     "rollout/": {"seeds"},
     "train/": {
         "aggregation/",
@@ -42,7 +44,7 @@ ALLOWED: dict[str, set[str]] = {
         "modeldir",
         "seeds",
     }
-    | {"prompts", "registry", "rollout/", "tiny/", "tracking"},
+    | {"config_errors", "prompts", "registry", "rollout/", "tiny/", "tracking"},
     "evaluation/": {"data/", "devices", "files", "graders", "grading/", "modeldir", "prompts", "rollout/"}
     | {"layout", "metric_names", "registry", "seeds", "tiny/", "tracking"},
     "report/": {"data/", "evaluation/", "files", "grid", "layout", "metric_names", "tracking"},
@@ -55,7 +57,18 @@ EXCEPTIONS = {
     "with the trainer's own estimators, so what it shows is what training computes",
 }
 NO_TORCH = (
-    {"registry", "files", "graders", "config", "prompts", "modeldir", "tracking", "grid", "data/"}
+    {
+        "registry",
+        "files",
+        "graders",
+        "config",
+        "config_errors",
+        "prompts",
+        "modeldir",
+        "tracking",
+        "grid",
+        "data/",
+    }
     | {"grading/"}
     | {
         "report/",

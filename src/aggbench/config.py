@@ -16,6 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from aggbench.config_errors import ConfigError, format_errors, model_at, read_yaml_mapping, yaml_problem
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
@@ -392,80 +394,9 @@ def check_resume(run_dir: str | Path, current: TrainConfig, *, allow_change: boo
         )
 
 
-class ConfigError(ValueError):
-    """A config that does not validate; the message lists each bad field by its dotted path."""
-
-
 def format_validation_error(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid config {source}:"]
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"]
-        if err["type"] == "value_error":  # our own validators: the message names its fields
-            msg = str(err.get("ctx", {}).get("error", msg.removeprefix("Value error, ")))
-            if not loc:
-                lines.append(f"  {msg}")
-                continue
-        loc = loc or "(top level)"
-        if err["type"] == "extra_forbidden":
-            parent = _model_at(TrainConfig, err["loc"][:-1])
-            allowed = ", ".join(parent.model_fields) if parent else "?"
-            msg = f"unknown key; allowed keys here: {allowed}"
-        lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
-
-
-def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
-    for part in loc:
-        field = model.model_fields.get(str(part))
-        if (
-            field is None
-            or not isinstance(field.annotation, type)
-            or not issubclass(field.annotation, BaseModel)
-        ):
-            return None
-        model = field.annotation
-    return model
-
-
-def read_yaml_mapping(path: Path, *, what: str, error: type[Exception]) -> dict:
-    """The top-level mapping of the YAML file ``path`` (empty file: ``{}``). A file that is missing,
-    a directory, not UTF-8, not YAML or not a mapping raises ``error`` naming ``what`` and ``path``
-    in one line (the cell config and the experiment config are read through this)."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise error(f"{what} {path} does not exist") from None
-    except IsADirectoryError:
-        raise error(f"{what} {path} is a directory, not a YAML file") from None
-    except UnicodeDecodeError as exc:
-        raise error(f"{what} {path} is not UTF-8 text ({exc})") from None
-    except yaml.YAMLError as exc:
-        raise error(f"{what} {path} is not valid YAML: {yaml_problem(exc)}") from None
-    if not isinstance(data, dict):
-        raise error(f"{what} {path} must hold a mapping at the top level")
-    return data
-
-
-def yaml_problem(exc: yaml.YAMLError, *, lines: bool = True) -> str:
-    """One line from a YAML error: what is wrong and where (``lines=False``: columns only, for a
-    one-line value such as a ``--set``)."""
-    if not isinstance(exc, yaml.MarkedYAMLError):
-        return " ".join(str(exc).split())
-
-    def at(mark: Any) -> str:
-        if mark is None:
-            return ""
-        return (
-            f" (line {mark.line + 1}, column {mark.column + 1})" if lines else f" (column {mark.column + 1})"
-        )
-
-    parts = []
-    if exc.context:
-        parts.append(f"{exc.context}{at(exc.context_mark)}")
-    if exc.problem:
-        parts.append(f"{exc.problem}{at(exc.problem_mark)}")
-    return ": ".join(parts) or " ".join(str(exc).split())
+    """A pydantic error on a cell config, one line per bad field by its dotted path."""
+    return format_errors(exc, source, TrainConfig)
 
 
 # Keys of an experiment (grid) config: a file holding several of them is not one cell's config.
@@ -494,7 +425,7 @@ def _apply_override(data: dict[str, Any], dotted: str, value: Any) -> None:
 def _field_kind(path: list[str]) -> str | None:
     """What TrainConfig's field at ``path`` holds when it is not a section (None: a section, a
     free mapping such as aggregation.params, or no such field: validation names it)."""
-    model = _model_at(TrainConfig, tuple(path[:-1]))
+    model = model_at(TrainConfig, tuple(path[:-1]))
     field = model.model_fields.get(path[-1]) if model else None
     if field is None or isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
         return None

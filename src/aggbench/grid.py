@@ -44,7 +44,7 @@ def load_experiment(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise GridError(f"experiment config {path} does not exist")
-    from aggbench.config import read_yaml_mapping
+    from aggbench.config_errors import read_yaml_mapping
 
     exp = read_yaml_mapping(path, what="experiment config", error=GridError)
     # A plugin may sit beside its config, as under Snakemake (the Snakefile adds the config's folder).

@@ -151,9 +151,10 @@ def apply_config_overrides(model_dir: Path, overrides: dict[str, Any]) -> dict[s
     config = json.loads(path.read_text(encoding="utf-8"))
     unknown = sorted(set(overrides) - set(config))
     if unknown:
-        from aggbench.registry import did_you_mean
+        import difflib
 
-        hints = "".join(did_you_mean(k, sorted(config)) for k in unknown)
+        close = [difflib.get_close_matches(k, sorted(config), n=1, cutoff=0.5) for k in unknown]
+        hints = "".join(f" Did you mean {c[0]!r}?" for c in close if c)
         raise ModelDirError(
             f"config override(s) {', '.join(map(repr, unknown))} name no field of {path.name} "
             f"(its fields include {', '.join(sorted(config)[:12])}, ...){hints}; fix the key in "

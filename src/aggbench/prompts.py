@@ -39,7 +39,7 @@ def stop_token_ids(tokenizer: Any, tokens: list[str] | tuple[str, ...]) -> list[
     vocab = tokenizer.get_vocab()
     missing = [t for t in tokens if t not in vocab]
     if missing:
-        from aggbench.config import ConfigError
+        from aggbench.config_errors import ConfigError
 
         raise ConfigError(
             f"stop token(s) {missing} are not single tokens of this tokenizer's vocabulary; "

@@ -14,7 +14,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from aggbench.config import ConfigError, check_resume, dump_config, load_train_config
+from aggbench.config import check_resume, dump_config, load_train_config
+from aggbench.config_errors import ConfigError
 from aggbench.grid import GridError, load_experiment
 from aggbench.registry import RegistryError, load_plugins
 

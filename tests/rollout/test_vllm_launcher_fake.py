@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aggbench.config import ConfigError
+from aggbench.config_errors import ConfigError
 from aggbench.rollout import make_engine
 from aggbench.rollout.vllm import export_weights, launcher_kwargs
 from helpers.dp_fixture import tiny_model

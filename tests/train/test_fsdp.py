@@ -35,7 +35,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from aggbench.config import ConfigError, load_train_config
+from aggbench.config import load_train_config
+from aggbench.config_errors import ConfigError
 from aggbench.train.checkpoint import RunLock
 from aggbench.train.loop import train
 from helpers.trainer_support import metrics_rows, stable

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aggbench.config import ConfigError, TrainConfig, check_resume, dump_config, load_train_config
+from aggbench.config import TrainConfig, check_resume, dump_config, load_train_config
+from aggbench.config_errors import ConfigError
 from helpers.trainer_support import metrics_rows, write_cell
 
 

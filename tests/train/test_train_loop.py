@@ -74,7 +74,7 @@ def test_same_seed_same_metrics_and_segments_equal_one_run(tmp_path, tiny_sft_mo
 
 
 def test_config_errors_name_the_field(tmp_path, tiny_sft_model, tiny_train_data):
-    from aggbench.config import ConfigError
+    from aggbench.config_errors import ConfigError
 
     cell = write_cell(tmp_path / "cell.yaml", tiny_sft_model, tiny_train_data)
     text = cell.read_text().replace("micro_batch_size", "micro_batch_sise")

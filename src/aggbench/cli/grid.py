@@ -101,7 +101,8 @@ def prepare_data_command(spec: str, out: str, limit: int | None, fit_to: str | N
 
 
 def _cell(path: str):
-    from aggbench.config import ConfigError, load_train_config
+    from aggbench.config import load_train_config
+    from aggbench.config_errors import ConfigError
 
     try:
         return load_train_config(path)

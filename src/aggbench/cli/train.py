@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def _parse_set(values: tuple[str, ...]) -> dict:
-    from aggbench.config import yaml_problem
+    from aggbench.config_errors import yaml_problem
 
     out = {}
     for item in values:
@@ -39,7 +39,7 @@ def _check_runnable(cfg: TrainConfig) -> None:
     for ``rollout.engine: vllm``. Raises ConfigError naming the setting and the fix."""
     import importlib.util
 
-    from aggbench.config import ConfigError
+    from aggbench.config_errors import ConfigError
     from aggbench.devices import check_device
 
     check_device(cfg.device, "device")
@@ -78,7 +78,8 @@ def command(
 ) -> None:
     """Train one cell into OUT, resuming from its latest complete checkpoint."""
     from aggbench.cli.common import bad_input_errors
-    from aggbench.config import ConfigError, load_train_config
+    from aggbench.config import load_train_config
+    from aggbench.config_errors import ConfigError
     from aggbench.registry import RegistryError
     from aggbench.train.checkpoint import RunLockedError
     from aggbench.train.loop import train

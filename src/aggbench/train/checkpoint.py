@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from aggbench.config import ConfigError
+from aggbench.config_errors import ConfigError
 from aggbench.layout import COMPLETE, checkpoint_dir, checkpoints_root, complete_steps, rule_file
 from aggbench.modeldir import ModelDirError, loading, weights_problem
 

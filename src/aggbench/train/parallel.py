@@ -45,7 +45,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from aggbench.config import ConfigError, TrainConfig
+from aggbench.config import TrainConfig
+from aggbench.config_errors import ConfigError
 from aggbench.layout import checkpoint_dir
 from aggbench.train.checkpoint import (
     SHARDED_DIR,
