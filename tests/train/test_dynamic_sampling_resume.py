@@ -1,6 +1,9 @@
 """The trainer under dynamic sampling, on the tiny model: every sampling round reads the next block
 of the epoch's prompt stream, the stream's cursor is checkpointed, and a run resumed from a
-checkpoint reads the same prompts as the uninterrupted run."""
+checkpoint reads the same prompts as the uninterrupted run. With two mini-batches, the logged
+``agg/token/*`` weights are those each mini-batch's update applied, recomputed here by hand from
+the rollouts file (token rule: a sequence's weight is length x |advantage| / tokens of its
+mini-batch)."""
 
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ def test_dynamic_sampling_reads_the_stream_on_and_resumes_exactly(tmp_path, tiny
         group_size=2,
         dynamic_sampling=True,
         dynamic_sampling_max_rounds=2,
+        mini_batches=2,
     )
     cfg = load_train_config(cell, {"tracking.enabled": False, "rollout.save_rollouts": P * 2})
     train(cfg, tmp_path / "a", quiet=True)
@@ -61,5 +65,26 @@ def test_dynamic_sampling_reads_the_stream_on_and_resumes_exactly(tmp_path, tiny
         assert row["groups/filtered"] > 0 or rounds == 1
         assert 0.0 <= row["accuracy_prefilter"] <= 1.0
     assert any(r["dynamic_sampling/rounds"] > 1 for r in a), "no step refilled: the test shows nothing"
+
+    differs = False
+    for row in a:
+        rows = _rollouts(tmp_path / "a", row["step"])
+        groups = sorted({r["group"] for r in rows})
+        half = (len(groups) + 1) // 2  # torch.tensor_split of the group ids into 2 mini-batches
+        applied, whole = [], [0.0, 0.0]
+        total = sum(r["length"] for r in rows)
+        for part in (groups[:half], groups[half:]):
+            mb = [r for r in rows if r["group"] in part]
+            tokens = sum(r["length"] for r in mb)
+            pos = sum(r["length"] * abs(r["advantage"]) for r in mb if r["advantage"] > 0) / tokens
+            neg = sum(r["length"] * abs(r["advantage"]) for r in mb if r["advantage"] < 0) / tokens
+            applied.append((pos, neg))
+            whole[0] += sum(r["length"] * r["advantage"] for r in mb if r["advantage"] > 0) / total
+            whole[1] -= sum(r["length"] * r["advantage"] for r in mb if r["advantage"] < 0) / total
+        pos, neg = (sum(x[0] for x in applied) / 2, sum(x[1] for x in applied) / 2)
+        assert row["agg/token/weight_pos"] == pytest.approx(pos, rel=1e-6), row["step"]
+        assert row["agg/token/weight_neg"] == pytest.approx(neg, rel=1e-6), row["step"]
+        differs |= abs(pos - whole[0]) > 1e-3 * whole[0]
+    assert differs, "the whole batch's weights equal the applied ones in every step: nothing shown"
     state = torch.load(tmp_path / "b" / "checkpoints" / "step_4" / "trainer_state.pt", weights_only=False)
     assert state["prompt_cursor"] == stream.cursor
