@@ -98,14 +98,14 @@ def diagnostics(
         for name, inst in insts.items():
             wp = wn = loss = 0.0
             for rows in parts:
-                if rows.numel() == 0:  # (an empty mini-batch: an update with no weight)
+                if rows.numel() == 0:  # (an empty mini-batch is no update: the trainer skips it)
                     continue
                 eff = inst(mask[rows], advantages[rows], group_ids[rows])
                 p, n = sign_weights(eff, advantages[rows])
                 wp, wn = wp + p, wn + n
                 if unit_loss is not None:
                     loss += float((eff.abs() * unit_loss[rows]).sum())
-            k = max(len(parts), 1)
+            k = max(sum(1 for rows in parts if rows.numel()), 1)
             out[f"agg/{name}/weight_pos"] = wp / k
             out[f"agg/{name}/weight_neg"] = wn / k
             out[f"agg/{name}/weight_ratio"] = wp / wn if wn > 0 else math.nan

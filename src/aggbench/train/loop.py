@@ -362,7 +362,9 @@ def _update(
     seen = torch.zeros(mask.shape, dtype=torch.float64) if old is None else None
     sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0}
     norms = []
-    minibatches = batching.split_groups(view.group_ids, a.mini_batches)  # the same every epoch
+    # the same every epoch; under dynamic sampling fewer groups than mini-batches can be left, and
+    # an empty mini-batch is no update (a rule needs rows; every rank skips it: the split is global)
+    minibatches = [mb for mb in batching.split_groups(view.group_ids, a.mini_batches) if len(mb)]
     for epoch in range(a.ppo_epochs):
         for mb in minibatches:
             eff, aux_w = minibatch_weights(
