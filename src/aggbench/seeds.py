@@ -22,13 +22,9 @@ def eval_chunk(benchmark_seed: int, chunk: int) -> int:
 
 
 def epoch_order(seed: int, epoch: int) -> int:
-    """Training: the permutation of the dataset in one epoch (the prompts each step draws)."""
+    """Training: the permutation of the dataset in one epoch (the prompt stream every step and every
+    dynamic-sampling refill reads on from, ``train.batching.PromptStream``)."""
     return seed * 100_003 + epoch
-
-
-def refill_draws(seed: int, step: int, rank: int) -> int:
-    """Training, dynamic sampling: which prompts one rank draws to refill a step's filtered groups."""
-    return seed * 7919 + step + 1_000_003 * rank
 
 
 def rollout_call(seed: int, step: int, round_: int, rank: int) -> int:

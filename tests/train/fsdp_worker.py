@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-import aggbench.train.loop
 import aggbench.train.parallel
+import aggbench.train.sampling
 from aggbench.config import load_train_config
 from aggbench.train.loop import train
 
@@ -32,7 +32,7 @@ def main() -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=3))
     results = {}
     honest = aggbench.train.parallel.sum_gradients
-    generate = aggbench.train.loop._generate
+    generate = aggbench.train.sampling.generate
     for run in plan:
         if run.get("slip"):
             aggbench.train.parallel.sum_gradients = lambda module: None  # FSDP2's default: the mean
@@ -52,7 +52,7 @@ def main() -> None:
                 finally:
                     del engine.generate  # back to the class's method
 
-            aggbench.train.loop._generate = counting
+            aggbench.train.sampling.generate = counting
         try:
             train(load_train_config(run["config"]), run["out"], until_step=run.get("until"), quiet=True)
             results[run["out"]] = "ok"
@@ -62,7 +62,7 @@ def main() -> None:
             results[run["out"]] = f"{type(exc).__name__}: {exc}"
         finally:
             aggbench.train.parallel.sum_gradients = honest
-            aggbench.train.loop._generate = generate
+            aggbench.train.sampling.generate = generate
         if run.get("count_generate"):
             out = Path(run["out"]) / f"generate_calls.rank{dist.get_rank()}.json"
             out.write_text(json.dumps(calls))

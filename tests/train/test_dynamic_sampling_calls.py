@@ -10,7 +10,8 @@ from aggbench.config import TrainConfig
 from aggbench.rollout.base import Rollouts
 from aggbench.tiny.model import build_tiny_model
 from aggbench.train import parallel
-from aggbench.train.loop import _rollouts_with_rewards
+from aggbench.train.batching import PromptStream
+from aggbench.train.sampling import rollouts_with_rewards
 
 
 class CountingEngine:
@@ -29,6 +30,13 @@ class CountingEngine:
             ["x"] * len(flat),
             [g for g, _ in flat],
         )
+
+
+class Ordered(PromptStream):
+    """The prompt stream with the identity as every epoch's order (the records in file order)."""
+
+    def _perm(self, epoch: int) -> list[int]:
+        return list(range(self.n_data))
 
 
 def test_ranks_make_different_numbers_of_generate_calls_in_one_step(tmp_path):
@@ -53,12 +61,12 @@ def test_ranks_make_different_numbers_of_generate_calls_in_one_step(tmp_path):
     def reward(texts, answers):  # "mixed": one right, one wrong per group; "flat": all wrong
         return [float(a == "mixed" and i % 2 == 0) for i, a in enumerate(answers)]
 
-    idx = [0, 1, 2, 3]  # the step's prompts: even positions "flat" (rank 0), odd "mixed" (rank 1)
+    stream = Ordered(len(records), 0)  # the step's prompts 0..3: even "flat" (rank 0), odd "mixed" (rank 1)
     calls = {}
     for rank in (0, 1):
         engine = CountingEngine()
-        slots = parallel.my_groups(len(idx), parallel.Ranks(rank, 2))
-        _rollouts_with_rewards(cfg, engine, tok, records, idx, slots, 1, reward, {}, rank)
+        slots = parallel.my_groups(4, parallel.Ranks(rank, 2))
+        rollouts_with_rewards(cfg, engine, tok, records, stream, slots, 1, reward, {}, rank)
         calls[rank] = engine.calls
     # rank 1's groups all have reward variance: one round; rank 0 refills its constant groups once
     assert calls == {0: 2, 1: 1}

@@ -4,13 +4,14 @@ Because a rule is an explicit weighting, its effect on a batch is cheap to measu
 forward pass: the total gradient weight each advantage sign receives (sum of |effective advantage|
 over that sign's tokens), and, given the per-token clipped loss at unit advantage, the policy-
 gradient loss the rule would report. Together with the response-length statistics per sign these
-are the paper's explanatory variables; the trainer logs them every step for every rule.
+are the paper's explanatory variables; the trainer logs them every step for every rule, computed on
+the optimiser mini-batches its updates used (a rule weights each mini-batch on its own).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -41,6 +42,9 @@ def length_stats(mask: Tensor, advantages: Tensor, group_ids: Tensor) -> dict[st
 
     mask: [B, T]; advantages: [B]; group_ids: [B]. Keys: len/mean, len/cv, len/pos_mean, len/pos_cv,
     len/neg_mean, len/neg_cv, len/gap (pos_mean - neg_mean), groups/zero_variance, groups/total.
+    All of the batch given: in the trainer the batch trained on, so under dynamic sampling
+    ``groups/zero_variance`` counts only groups left when refills ran out; the groups the filter
+    dropped are the trainer's ``groups/filtered`` (``aggbench.train.step_log``).
     """
     m = check_inputs(mask, advantages, group_ids)
     lengths = m.sum(dim=1)
@@ -62,26 +66,49 @@ def diagnostics(
     *,
     instances: Mapping[str, RuleInstance] | None = None,
     unit_loss: Tensor | None = None,
+    minibatches: Sequence[Tensor] | None = None,
 ) -> dict[str, float]:
     """Length statistics plus, for every rule instance, its per-sign weights (and loss if given).
 
     mask: [B, T]; advantages: [B]; group_ids: [B]; unit_loss: optional [B, T] clipped loss at unit
-    advantage of each token's sign (``aggbench.train.objective.unit_pg_loss``). ``instances`` defaults to
-    every registered rule at its defaults plus the built-in variants; pass the run's own instances
-    merged in so a user's rule is reported too. Keys: ``agg/<name>/weight_pos``, ``.../weight_neg``,
-    ``.../weight_ratio`` (pos / neg), ``.../pg_loss``.
+    advantage of each token's sign (``aggbench.train.objective.unit_pg_loss``); minibatches: the row
+    indices ([b_k] long) of each optimiser mini-batch, default one holding every row. ``instances``
+    defaults to every registered rule at its defaults plus the built-in variants; pass the run's own
+    instances merged in so a user's rule is reported too.
+
+    Keys: ``agg/<name>/weight_pos``, ``.../weight_neg``, ``.../weight_ratio``, ``.../pg_loss``. A rule
+    weights each mini-batch on its own (what an update applies; a batch-scoped rule's weights of a
+    mini-batch are not its rows of the whole batch's weights), so every value is computed per
+    mini-batch from the weights ``inst(mask[rows], advantages[rows], group_ids[rows])`` and averaged
+    over the mini-batches with equal weight, each being one optimiser update (every PPO epoch runs
+    the same mini-batches with the same weights, so this is the mean over the step's updates):
+    ``weight_pos`` = mean_k sum |Â_k| over the positive-advantage tokens of mini-batch k (likewise
+    ``weight_neg``), ``pg_loss`` = mean_k sum |Â_k| x unit_loss, comparable with the trainer's
+    ``loss/pg`` (also a mean over updates), and ``weight_ratio`` = weight_pos / weight_neg (the
+    ratio of the means, finite where one mini-batch lacks a sign). For the run's own rule these are
+    the weights its updates used; for the other rules, what they would have applied to the same
+    mini-batches. With one mini-batch they are the whole batch's.
     """
     out = length_stats(mask, advantages, group_ids)
     insts = dict(builtin_instances())
     if instances:
         insts.update(instances)
+    parts = list(minibatches) if minibatches is not None else [torch.arange(mask.shape[0])]
     with torch.no_grad():
         for name, inst in insts.items():
-            eff = inst(mask, advantages, group_ids)
-            wp, wn = sign_weights(eff, advantages)
-            out[f"agg/{name}/weight_pos"] = wp
-            out[f"agg/{name}/weight_neg"] = wn
+            wp = wn = loss = 0.0
+            for rows in parts:
+                if rows.numel() == 0:  # (an empty mini-batch is no update: the trainer skips it)
+                    continue
+                eff = inst(mask[rows], advantages[rows], group_ids[rows])
+                p, n = sign_weights(eff, advantages[rows])
+                wp, wn = wp + p, wn + n
+                if unit_loss is not None:
+                    loss += float((eff.abs() * unit_loss[rows]).sum())
+            k = max(sum(1 for rows in parts if rows.numel()), 1)
+            out[f"agg/{name}/weight_pos"] = wp / k
+            out[f"agg/{name}/weight_neg"] = wn / k
             out[f"agg/{name}/weight_ratio"] = wp / wn if wn > 0 else math.nan
             if unit_loss is not None:
-                out[f"agg/{name}/pg_loss"] = float((eff.abs() * unit_loss).sum())
+                out[f"agg/{name}/pg_loss"] = loss / k
     return out

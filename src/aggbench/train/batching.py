@@ -78,21 +78,53 @@ def split_rows(rows: Tensor, size: int) -> list[Tensor]:
 
 
 def prompt_indices(n_data: int, per_step: int, seed: int, step: int) -> list[int]:
-    """Dataset indices of step ``step`` (1-based): consecutive slices of per-epoch permutations.
-
-    A pure function of (seed, step), so a resumed run draws exactly what an uninterrupted one does.
+    """Dataset indices of step ``step`` (1-based) when every step reads ``per_step`` prompts
+    (no dynamic sampling): stream positions ``(step - 1) * per_step`` on (:class:`PromptStream`).
     """
-    if n_data == 0:
-        raise ValueError("the training dataset is empty")
-    out = []
-    perms: dict[int, list[int]] = {}
-    for k in range((step - 1) * per_step, step * per_step):
-        epoch, pos = divmod(k, n_data)
-        if epoch not in perms:
-            gen = torch.Generator().manual_seed(seeds.epoch_order(seed, epoch))
-            perms[epoch] = torch.randperm(n_data, generator=gen).tolist()
-        out.append(perms[epoch][pos])
-    return out
+    return PromptStream(n_data, seed).take((step - 1) * per_step, per_step)
+
+
+class PromptStream:
+    """The training prompts in reading order: epoch after epoch, each a permutation of the dataset.
+
+    Stream position k is entry ``k % n_data`` of epoch ``k // n_data``'s permutation (seeded by
+    ``seeds.epoch_order(seed, epoch)``), so reading consecutive positions draws prompts without
+    replacement within an epoch, as verl's dataloader (a seeded ``RandomSampler``) does. ``cursor``
+    is the position of the next unread prompt: the only state, saved in the trainer state of every
+    checkpoint (``prompt_cursor``) so a resumed run reads on where the uninterrupted one would.
+    Without dynamic sampling each step reads ``prompts_per_step`` positions and the cursor after
+    step s is ``s * prompts_per_step`` (:func:`prompt_indices`).
+    """
+
+    def __init__(self, n_data: int, seed: int, cursor: int = 0) -> None:
+        if n_data == 0:
+            raise ValueError("the training dataset is empty")
+        self.n_data, self.seed, self.cursor = n_data, seed, cursor
+        self._perms: dict[int, list[int]] = {}
+
+    def _perm(self, epoch: int) -> list[int]:
+        if epoch not in self._perms:
+            if len(self._perms) > 2:  # the stream moves forward: keep the latest epochs only
+                self._perms.pop(min(self._perms))
+            gen = torch.Generator().manual_seed(seeds.epoch_order(self.seed, epoch))
+            self._perms[epoch] = torch.randperm(self.n_data, generator=gen).tolist()
+        return self._perms[epoch]
+
+    def take(self, start: int, count: int) -> list[int]:
+        """Dataset indices at stream positions ``start .. start + count - 1`` (the cursor stays)."""
+        out = []
+        for k in range(start, start + count):
+            epoch, pos = divmod(k, self.n_data)
+            out.append(self._perm(epoch)[pos])
+        return out
+
+    def block(self, round_: int, per_step: int) -> list[int]:
+        """The ``per_step`` prompts of sampling round ``round_`` (0: the step's own) of this step."""
+        return self.take(self.cursor + round_ * per_step, per_step)
+
+    def advance(self, rounds: int, per_step: int) -> None:
+        """After a step that ran ``rounds`` sampling rounds: each round read one block."""
+        self.cursor += rounds * per_step
 
 
 def soft_overlong_penalty(lengths: list[int], max_len: int, buffer: int, penalty: float) -> list[float]:

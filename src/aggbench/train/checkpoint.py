@@ -3,7 +3,8 @@
 Layout of a run directory::
 
     <run>/checkpoints/step_<N>/        model + tokenizer (save_pretrained: what the evaluator loads)
-                                      trainer_state.pt (optimizer, scheduler, RNG; latest only)
+                                      trainer_state.pt (optimizer, scheduler, RNG, prompt cursor;
+                                      latest only)
                                       sharded/ (multi-rank FSDP only: model + optimizer shards,
                                       torch.distributed.checkpoint; latest only)
                                       COMPLETE (written last, inside the temporary directory)
@@ -273,3 +274,16 @@ def check_rule_version(out: Path, rule: Any) -> None:
             "(docs/aggregations.md). Results of the two versions must not be mixed: train the cell into a "
             "new results directory"
         )
+
+
+def prompt_cursor(state: dict[str, Any] | None, step: int, per_step: int) -> int:
+    """Where the prompt stream (``batching.PromptStream``) reads on after checkpoint ``step``.
+
+    ``state``: its trainer state (None: a fresh run, position 0). A checkpoint written before the
+    cursor was saved holds none; then the position of a run without dynamic sampling,
+    ``step * per_step``, which is what such a run read (a dynamic-sampling run of that version drew
+    its refills elsewhere, so its resume reads on from there).
+    """
+    if state is None:
+        return 0
+    return int(state.get("prompt_cursor", step * per_step))

@@ -9,8 +9,10 @@ Design decisions, stated first:
 3. The aggregation rule is a weighting of the WHOLE optimiser mini-batch: effective advantages (and
    the KL/entropy token weights) are computed once per mini-batch, before it is cut into
    micro-batches; each micro-batch's loss is a plain token sum, so accumulation is exact.
-4. Everything random is a function of (seed, step): the prompts of a step and its sampling seed.
-   Resuming from a checkpoint therefore reproduces the uninterrupted run, on CPU bit for bit.
+4. Everything random is a function of (seed, step) and the prompt stream's cursor: the prompts of
+   a step (read on from the cursor, without replacement within an epoch: ``batching.PromptStream``)
+   and its sampling seed. The cursor is saved in every checkpoint, so resuming reproduces the
+   uninterrupted run, on CPU bit for bit.
 5. ``metrics.jsonl`` is the source of truth, one line per finished step, cut back to the
    checkpoint's step on resume. MLflow receives a step only after the checkpoint containing it
    committed, through an idempotent sync (``aggbench.tracking``): no step is lost or doubled.
@@ -30,7 +32,6 @@ import functools
 import json
 import logging
 import os
-import random
 import sys
 import time
 from dataclasses import dataclass
@@ -39,14 +40,14 @@ from typing import Any
 
 import torch
 
-from aggbench import layout, seeds
+from aggbench import layout
 from aggbench.aggregation import load_plugins, make_instance
 from aggbench.config import TrainConfig, check_resume, dump_config
 from aggbench.data.training import read_training_records
 from aggbench.files import write_atomic
 from aggbench.modeldir import loading, require_positions, require_weights
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_tags
-from aggbench.train import batching, checkpoint, engine_checks, parallel, prompt_fit, step_log
+from aggbench.train import batching, checkpoint, engine_checks, parallel, prompt_fit, sampling, step_log
 from aggbench.train.advantages import get_advantage
 from aggbench.train.global_batch import gather_minibatch
 from aggbench.train.update import LossSettings, accumulate_gradients, fixed_logprobs, minibatch_weights
@@ -221,9 +222,11 @@ def _train_locked(
         optimizer, lambda k: min(1.0, k / a.warmup_steps) if a.warmup_steps else 1.0
     )
     policy = Policy(model, ref_model, optimizer, scheduler, autocast)
-    if start:  # optimizer (FSDP: and model shards), scheduler, RNG
-        state = parallel.load(out, start, model, optimizer, ranks)
+    state = parallel.load(out, start, model, optimizer, ranks) if start else None
+    if state is not None:  # optimizer (FSDP: and model shards), scheduler, RNG
         scheduler.load_state_dict(state["scheduler"])
+    cursor = checkpoint.prompt_cursor(state, start, a.prompts_per_step)
+    stream = batching.PromptStream(len(records), cfg.seed, cursor)  # where the prompts are read on
     metrics_log = MetricsLog(out / "metrics.jsonl")
     if main:
         metrics_log.truncate_after(start)
@@ -261,13 +264,14 @@ def _train_locked(
             t0 = time.perf_counter()
             # ---- 1. rollouts: G samples per prompt (dynamic sampling refills zero-variance groups);
             # this rank's share of the prompts, group ids = positions in the step's prompt list
-            idx = batching.prompt_indices(len(records), a.prompts_per_step, cfg.seed, step)
-            slots = parallel.my_groups(len(idx), ranks)
+            slots = parallel.my_groups(a.prompts_per_step, ranks)
             # vLLM samples from its own copy of the weights: no need to gather the FSDP shards
             with autocast(), parallel.full_params(model if cfg.rollout.engine == "hf" else None, ranks):
-                roll, recs, rewards, ds_rounds = _rollouts_with_rewards(
-                    cfg, engine, tokenizer, records, idx, slots, step, reward_fn, prompt_kw, ranks.rank
+                roll, recs, rewards, sampled = sampling.rollouts_with_rewards(
+                    cfg, engine, tokenizer, records, stream, slots, step, reward_fn, prompt_kw, ranks.rank
                 )
+            # every round read one block of the stream: the rank that ran the most decides
+            stream.advance(parallel.max_over_ranks(sampled.rounds, ranks), a.prompts_per_step)
             t_gen = time.perf_counter() - t0
             # ---- 2. rewards -> group advantages (overlong shaping first)
             lengths = [len(r) for r in roll.response_ids]
@@ -303,7 +307,7 @@ def _train_locked(
             # ---- 4. metrics (source of truth first; whole batch, on rank 0), rollouts, checkpoint, MLflow
             sample = step_log.rollout_rows(step, roll, recs, rewards, adv, cfg.rollout.save_rollouts)
             parts = parallel.gather_to_main(
-                step_log.RankPart(rewards, roll.finished, upd.unit_loss, sample, ds_rounds, checks), ranks
+                step_log.RankPart(rewards, roll.finished, upd.unit_loss, sample, sampled, checks), ranks
             )
             if main:
                 row = step_log.step_metrics(step, parts, rule, upd, t_gen, t_upd, scheduler)
@@ -313,7 +317,7 @@ def _train_locked(
             scheduler.step()  # once per rollout step (above), after the row logged the lr it used
             if step % cfg.checkpoint.every == 0 or step == last:
                 fault("after_metrics", step)
-                state = {"step": step, "scheduler": scheduler.state_dict()}
+                state = {"step": step, "scheduler": scheduler.state_dict(), "prompt_cursor": stream.cursor}
                 at_step = functools.partial(fault, step=step)
                 parallel.save(out, step, model, tokenizer, optimizer, state, ranks, fault=at_step)
                 if main:
@@ -331,71 +335,6 @@ def _train_locked(
         if hasattr(engine, "close"):  # vLLM: before the process group goes (VLLMEngine.close)
             engine.close()
     return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": last}
-
-
-def _rollouts_with_rewards(cfg, engine, tokenizer, records, idx, slots, step, reward_fn, prompt_kw, rank):
-    """Generate, grade, and (dynamic sampling) refill zero-variance groups; returns whole groups.
-
-    idx: the step's dataset indices; slots: the positions in ``idx`` this rank samples, which become
-    the (globally unique) group ids of the groups kept, in order. recs: {group id: record}.
-    """
-    from aggbench.prompts import encode_prompts
-    from aggbench.rollout.base import Rollouts
-
-    a, s = cfg.algorithm, cfg.sampling
-    kept, kept_recs, kept_rewards, rounds = [], [], [], 0
-    pending, keys = [idx[j] for j in slots], [("p", j) for j in slots]
-    rng = random.Random(seeds.refill_draws(cfg.seed, step, rank))
-    while True:
-        recs = [records[i] for i in pending]
-        texts = [prompt_fit.prompt_text(cfg, r) for r in recs]
-        ids = encode_prompts(tokenizer, texts, max_tokens=s.max_prompt_tokens, **prompt_kw)
-        roll = _generate(cfg, engine, ids, step, rounds, keys, rank)
-        rewards = reward_fn(roll.texts, [recs[g]["answer"] for g in roll.group])
-        for g in range(len(recs)):
-            rows = [i for i in range(len(roll)) if roll.group[i] == g]
-            r = [rewards[i] for i in rows]
-            if a.dynamic_sampling and min(r) == max(r):
-                continue
-            part = roll.select(rows)
-            part.group = [len(kept)] * len(rows)
-            kept.append(part)
-            kept_recs.append(recs[g])
-            kept_rewards.extend(r)
-        rounds += 1
-        short = len(slots) - len(kept)
-        if not a.dynamic_sampling or short <= 0 or rounds > a.dynamic_sampling_max_rounds:
-            break
-        pending = [rng.randrange(len(records)) for _ in range(short)]
-        keys = [("r", rank, k) for k in range(short)]
-    if a.dynamic_sampling and len(kept) > len(slots):
-        kept, kept_recs = kept[: len(slots)], kept_recs[: len(slots)]
-        kept_rewards = kept_rewards[: len(slots) * a.group_size]
-    if kept:
-        roll, recs, rewards = Rollouts.concat(kept), kept_recs, kept_rewards
-    # else every group had zero variance even after refills: train on the last draw (no signal)
-    roll.group = [slots[g] for g in roll.group]
-    return roll, {slots[g]: rec for g, rec in enumerate(recs)}, rewards, rounds
-
-
-def _generate(cfg, engine, ids, step, rounds, keys, rank):
-    """G samples of each prompt in one engine call, seeded as ``rollout.seeding`` says."""
-    a, s = cfg.algorithm, cfg.sampling
-    seeding = cfg.rollout.seeding
-    if seeding == "prompt":  # a function of the prompt's position in the step, not of the rank split
-        seed = [seeds.prompt_group(cfg.seed, step, rounds, key) for key in keys]
-    elif seeding == "call":
-        seed = seeds.rollout_call(cfg.seed, step, rounds, rank)
-    else:
-        seed = None
-    return engine.generate(
-        ids,
-        n=a.group_size,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        max_new_tokens=s.max_new_tokens,
-        seed=seed,
-    )
 
 
 def _own(policy: Policy, probe: tuple[list[int], list[int]], ranks: parallel.Ranks) -> list[float]:
@@ -428,8 +367,11 @@ def _update(
     seen = torch.zeros(mask.shape, dtype=torch.float64) if old is None else None
     sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0}
     norms = []
+    # the same every epoch; under dynamic sampling fewer groups than mini-batches can be left, and
+    # an empty mini-batch is no update (a rule needs rows; every rank skips it: the split is global)
+    minibatches = [mb for mb in batching.split_groups(view.group_ids, a.mini_batches) if len(mb)]
     for epoch in range(a.ppo_epochs):
-        for mb in batching.split_groups(view.group_ids, a.mini_batches):
+        for mb in minibatches:
             eff, aux_w = minibatch_weights(
                 rule, view.mask[mb], view.advantages[mb], view.group_ids[mb], a.aux_reduction
             )  # once, on the whole mini-batch
@@ -466,6 +408,7 @@ def _update(
         unit_loss=unit_loss,
         view=view,
         behaviour=old.float() if old is not None else seen.float(),
+        minibatches=minibatches,
     )
 
 

@@ -17,6 +17,7 @@ from aggbench.files import atomic_writer
 from aggbench.train import engine_checks
 from aggbench.train.engine_checks import EngineStats
 from aggbench.train.global_batch import GlobalView
+from aggbench.train.sampling import SamplingStats
 
 
 @dataclass
@@ -24,6 +25,8 @@ class UpdateTotals:
     """What one step's optimiser updates add up to (summed over ranks and updates).
 
     view: the whole batch every rank saw (mask [N, T], advantages [N], group ids [N], rank order);
+    minibatches: the row indices into ``view`` of each optimiser mini-batch (every epoch runs the
+    same ones), the weights of each computed on it alone: what the ``agg/*`` diagnostics use;
     unit_loss: [b, T] this rank's per-token unit PG loss of the first epoch (diagnostics);
     behaviour: [b, T] this rank's log-probs of the sampled tokens before the update (``old``).
     """
@@ -38,19 +41,21 @@ class UpdateTotals:
     unit_loss: torch.Tensor
     view: GlobalView
     behaviour: torch.Tensor
+    minibatches: list[torch.Tensor] | None = None
 
 
 @dataclass
 class RankPart:
     """One rank's share of a step, gathered to rank 0 for the metrics row and the rollouts file:
-    rewards and finished flags per response, unit_loss [b, T], rollout rows, sampling rounds, and
-    what the rollout engine's checks found (None: the engine returns no log-probs)."""
+    rewards and finished flags per response, unit_loss [b, T], rollout rows, what sampling did
+    (rounds, groups filtered, accuracy before the filter), and what the rollout engine's checks
+    found (None: the engine returns no log-probs)."""
 
     rewards: list[float]
     finished: list[bool]
     unit_loss: torch.Tensor
     rollouts: list[dict]
-    rounds: int
+    sampling: SamplingStats
     engine: EngineStats | None = None
 
 
@@ -58,7 +63,14 @@ def step_metrics(
     step: int, parts: list[RankPart], rule: Any, upd: UpdateTotals, t_gen: float, t_upd: float, scheduler: Any
 ) -> dict:
     """One metrics row of the whole batch; ``parts``: every rank's share in rank order, the order
-    of ``upd.view``."""
+    of ``upd.view``.
+
+    ``reward/mean``, ``accuracy`` and the ``len/*``, ``groups/total`` and ``groups/zero_variance``
+    statistics describe the batch trained on (after dynamic sampling's filter); what sampling met
+    before the filter is ``accuracy_prefilter`` (the step's own prompts, first round),
+    ``groups/sampled`` and ``groups/filtered`` (every round). ``agg/*`` are the weights each
+    mini-batch's update applied (``aggregation.diagnostics``).
+    """
     view = upd.view
     mask, adv, gids = view.mask, view.advantages, view.group_ids
     unit_loss = torch.zeros(mask.shape, dtype=torch.float64)
@@ -85,9 +97,18 @@ def step_metrics(
     row["time/generate_s"] = t_gen
     row["time/update_s"] = t_upd
     row["tokens_per_s"] = tokens / max(t_gen + t_upd, 1e-9)
-    row["dynamic_sampling/rounds"] = max(p.rounds for p in parts)
+    row["accuracy_prefilter"] = sum(p.sampling.correct for p in parts) / max(
+        sum(p.sampling.responses for p in parts), 1
+    )
+    row["dynamic_sampling/rounds"] = max(p.sampling.rounds for p in parts)
+    row["groups/sampled"] = sum(p.sampling.groups_sampled for p in parts)
+    row["groups/filtered"] = sum(p.sampling.groups_filtered for p in parts)
     row.update(engine_checks.merge([p.engine for p in parts]))
-    row.update(diagnostics(mask, adv, gids, instances={rule.name: rule}, unit_loss=unit_loss))
+    row.update(
+        diagnostics(
+            mask, adv, gids, instances={rule.name: rule}, unit_loss=unit_loss, minibatches=upd.minibatches
+        )
+    )
     return row
 
 

@@ -1,0 +1,115 @@
+"""Rollouts of one step: generate, grade, and (dynamic sampling) refill zero-variance groups.
+
+Split from ``aggbench.train.loop`` so the loop reads top to bottom. What it decides:
+
+1. Prompts come from the epoch stream (``batching.PromptStream``): read in order, so without
+   replacement within an epoch, as verl's dataloader. Sampling round ``r`` of a step reads block
+   ``r`` (``prompts_per_step`` positions after the cursor); rank k uses the positions of its own
+   groups (``parallel.my_groups``), as it does in round 0. This follows verl's DAPO trainer, where
+   every generation round takes the next batch from the dataloader and the groups it does not need
+   are dropped: a refill block is consumed whole, but only the prompts a rank is short are
+   generated (the first ones of its positions), and the rest of the block is skipped, not put
+   back. After the step the cursor moves on by one block per round of the rank that ran the most.
+2. What filtering did is counted before it: the groups sampled and the zero-variance groups the
+   filter dropped, every round, and the accuracy of the step's own prompts (round 0) before any
+   group is dropped (the trained batch's accuracy is biased toward 1/2 by the filter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aggbench import seeds
+from aggbench.train import prompt_fit
+from aggbench.train.batching import PromptStream
+
+
+@dataclass
+class SamplingStats:
+    """What one rank's sampling of a step did; summed over ranks for the metrics row (``rounds``:
+    the maximum). ``correct`` / ``responses``: round 0's responses with reward > 0.5 / all of them,
+    before the filter; ``groups_sampled``: groups generated in every round; ``groups_filtered``:
+    zero-variance groups the filter dropped (0 without dynamic sampling)."""
+
+    rounds: int = 0
+    groups_sampled: int = 0
+    groups_filtered: int = 0
+    correct: int = 0
+    responses: int = 0
+
+
+def rollouts_with_rewards(
+    cfg, engine, tokenizer, records, stream: PromptStream, slots, step, reward_fn, prompt_kw, rank
+):
+    """Generate, grade, and (dynamic sampling) refill zero-variance groups; returns whole groups.
+
+    stream: the prompt stream at this step's cursor (not moved here: the caller advances it by the
+    rounds of every rank); slots: the positions in the step's block this rank samples, which become
+    the (globally unique) group ids of the groups kept, in order. Returns (rollouts, {group id:
+    record}, rewards, :class:`SamplingStats`).
+    """
+    from aggbench.prompts import encode_prompts
+    from aggbench.rollout.base import Rollouts
+
+    a, s = cfg.algorithm, cfg.sampling
+    per_step = a.prompts_per_step
+    kept, kept_recs, kept_rewards = [], [], []
+    stats = SamplingStats()
+    block = stream.block(0, per_step)
+    pending, keys = [block[j] for j in slots], [("p", j) for j in slots]
+    while True:
+        recs = [records[i] for i in pending]
+        texts = [prompt_fit.prompt_text(cfg, r) for r in recs]
+        ids = encode_prompts(tokenizer, texts, max_tokens=s.max_prompt_tokens, **prompt_kw)
+        roll = generate(cfg, engine, ids, step, stats.rounds, keys, rank)
+        rewards = reward_fn(roll.texts, [recs[g]["answer"] for g in roll.group])
+        if stats.rounds == 0:
+            stats.correct = sum(r > 0.5 for r in rewards)
+            stats.responses = len(rewards)
+        stats.groups_sampled += len(recs)
+        for g in range(len(recs)):
+            rows = [i for i in range(len(roll)) if roll.group[i] == g]
+            r = [rewards[i] for i in rows]
+            if a.dynamic_sampling and min(r) == max(r):
+                stats.groups_filtered += 1
+                continue
+            part = roll.select(rows)
+            part.group = [len(kept)] * len(rows)
+            kept.append(part)
+            kept_recs.append(recs[g])
+            kept_rewards.extend(r)
+        stats.rounds += 1
+        short = len(slots) - len(kept)
+        if not a.dynamic_sampling or short <= 0 or stats.rounds > a.dynamic_sampling_max_rounds:
+            break
+        block = stream.block(stats.rounds, per_step)  # the next unread prompts (point 1)
+        pending, keys = [block[j] for j in slots[:short]], [("r", j) for j in slots[:short]]
+    if a.dynamic_sampling and len(kept) > len(slots):
+        kept, kept_recs = kept[: len(slots)], kept_recs[: len(slots)]
+        kept_rewards = kept_rewards[: len(slots) * a.group_size]
+    if kept:
+        roll, recs, rewards = Rollouts.concat(kept), kept_recs, kept_rewards
+    else:  # every group had zero variance even after refills: train on the last draw (no signal)
+        stats.groups_filtered -= len(recs)  # (so those were not dropped)
+    roll.group = [slots[g] for g in roll.group]
+    return roll, {slots[g]: rec for g, rec in enumerate(recs)}, rewards, stats
+
+
+def generate(cfg, engine, ids, step, rounds, keys, rank):
+    """G samples of each prompt in one engine call, seeded as ``rollout.seeding`` says."""
+    a, s = cfg.algorithm, cfg.sampling
+    seeding = cfg.rollout.seeding
+    if seeding == "prompt":  # a function of the prompt's position in the step, not of the rank split
+        seed = [seeds.prompt_group(cfg.seed, step, rounds, key) for key in keys]
+    elif seeding == "call":
+        seed = seeds.rollout_call(cfg.seed, step, rounds, rank)
+    else:
+        seed = None
+    return engine.generate(
+        ids,
+        n=a.group_size,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        max_new_tokens=s.max_new_tokens,
+        seed=seed,
+    )
