@@ -143,3 +143,12 @@ def test_max_prompt_tokens_fit_the_context_and_name_the_overlong_filter():
     exp = load_experiment(PAPER)
     got = {c.model: cell_train_config(exp, c.id).sampling.max_prompt_tokens for c in cells(exp)}
     assert got == {name: v[0] for name, v in expected.items()}
+
+
+def test_dynamic_sampling_rounds_count_as_verls_max_num_gen_batches():
+    """verl stops after max_num_gen_batches generation rounds in all (10 in the DAPO recipe);
+    aggbench's dynamic_sampling_max_rounds counts the rounds after the first, so the recipe's 10 is 9."""
+    raw, exp = _paper()
+    assert exp["training"]["algorithm"]["dynamic_sampling_max_rounds"] == 9
+    line = _line(raw, r"^\s*dynamic_sampling_max_rounds:")
+    assert "[DAPO-verl]" in line and "max_num_gen_batches=10" in line

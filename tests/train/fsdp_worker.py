@@ -6,7 +6,8 @@ PLAN.json is a list of runs: {"config": cell YAML, "out": run dir, "until": step
 mistake for that run: FSDP2 keeps its default gradient reduction (the mean over ranks) because
 ``sum_gradients`` does nothing. A run with ``expect_error`` records the error's type and message instead of failing.
 ``count_generate`` counts this rank's rollout-engine ``generate`` calls per step and writes them
-to ``out/generate_calls.rank{R}.json`` ({step: calls}).
+to ``out/generate_calls.rank{R}.json`` ({step: calls}), and the groups this rank trains on per step
+to ``out/groups_held.rank{R}.json``.
 Rank 0 writes {out: "ok" | "<ErrorType>: message"} to RESULT.json.
 """
 
@@ -33,11 +34,20 @@ def main() -> None:
     results = {}
     honest = aggbench.train.parallel.sum_gradients
     generate = aggbench.train.sampling.generate
+    gather = aggbench.train.sampling.rollouts_with_rewards
     for run in plan:
         if run.get("slip"):
             aggbench.train.parallel.sum_gradients = lambda module: None  # FSDP2's default: the mean
         calls: dict[int, int] = {}
+        held: dict[int, int] = {}
         if run.get("count_generate"):
+
+            def holding(cfg, engine, tokenizer, records, stream, slots, step, *rest, _held=held):
+                out = gather(cfg, engine, tokenizer, records, stream, slots, step, *rest)
+                _held[step] = len(set(out[0].group))  # the groups this rank trains on
+                return out
+
+            aggbench.train.sampling.rollouts_with_rewards = holding
 
             def counting(cfg, engine, ids, step, *rest, _calls=calls):
                 real = engine.generate
@@ -63,9 +73,11 @@ def main() -> None:
         finally:
             aggbench.train.parallel.sum_gradients = honest
             aggbench.train.sampling.generate = generate
+            aggbench.train.sampling.rollouts_with_rewards = gather
         if run.get("count_generate"):
             out = Path(run["out"]) / f"generate_calls.rank{dist.get_rank()}.json"
             out.write_text(json.dumps(calls))
+            (Path(run["out"]) / f"groups_held.rank{dist.get_rank()}.json").write_text(json.dumps(held))
     if dist.get_rank() == 0:
         with open(result_path, "w") as fh:
             json.dump(results, fh)
