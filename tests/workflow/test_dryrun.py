@@ -88,3 +88,5 @@ def test_paper_commands_carry_the_model_overrides_and_stop_tokens(wf, tmp_path):
     generate = [ln for ln in lines if "aggbench generate" in ln]
     assert len(generate) == 74  # 72 checkpoints + 2 base models
     assert all("--stop-token '<|im_end|>' --stop-token '<|endoftext|>'" in ln for ln in generate)
+    # item 5: every generate job caps budgets at its model's context (32,768 for both paper models)
+    assert all("--max-context 32768" in ln for ln in generate)
