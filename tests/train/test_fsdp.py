@@ -270,11 +270,15 @@ def test_dynamic_sampling_with_unequal_ranks_trains(runs):
     assert runs["results"][str(run)] == "ok"
     rows = metrics_rows(run)
     assert [r["step"] for r in rows] == [1, 2]
-    # the ranks hold unequal numbers of groups in some step (each rank's count, recorded by the worker),
-    # and groups/total is their sum
+    # the filter dropped groups and refilled them under FSDP, and groups/total is the sum of what each
+    # rank trained on (recorded by the worker). Whether the two ranks end a step with unequal numbers
+    # of groups depends on the sampled rewards (and so on the warm-started weights, which differ with
+    # the machine's thread count): tests/train/test_dynamic_sampling_calls.py shows unequal ranks
+    # deterministically, with a counting engine on the same sampling code
     held = [json.loads((run / f"groups_held.rank{r}.json").read_text()) for r in (0, 1)]
-    assert any(held[0][s] != held[1][s] for s in ("1", "2")), held
-    assert [int(r["groups/total"]) for r in rows] == [held[0][s] + held[1][s] for s in ("1", "2")]
+    assert [int(r["groups/total"]) for r in rows] == [held[0][s] + held[1][s] for s in ("1", "2")], held
+    assert any(r["groups/filtered"] > 0 for r in rows), [r["groups/filtered"] for r in rows]
+    assert all(r["groups/sampled"] == r["groups/total"] + r["groups/filtered"] for r in rows)
     assert (run / "checkpoints" / "step_2" / "sharded" / ".metadata").exists()
     # one rollout-engine call per sampling round (rollout.seeding: prompt seeds each prompt inside
     # the call): 1, or 2 where the rank refilled (max_rounds 1). Which rank refills depends on its own
