@@ -16,7 +16,7 @@ Two callers, one rule:
   the count and ids are logged and written to the run directory (``layout.prompt_filter_file``).
   The step's prompts are drawn from the kept records only, so a resume never draws a dropped one.
 
-Every record dropped is refused with the field and the fix.
+A dataset in which no record fits is refused, naming the field and the fix.
 """
 
 from __future__ import annotations
