@@ -7,36 +7,10 @@ two ranks of one step, with a counting engine and a reward that makes rank 0's g
 from __future__ import annotations
 
 from aggbench.config import TrainConfig
-from aggbench.rollout.base import Rollouts
 from aggbench.tiny.model import build_tiny_model
 from aggbench.train import parallel
-from aggbench.train.batching import PromptStream
 from aggbench.train.sampling import rollouts_with_rewards
-
-
-class CountingEngine:
-    """Answers every prompt with G fixed responses and counts the generate calls (one per round)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def generate(self, prompts, *, n, temperature, top_p, max_new_tokens, seed):
-        self.calls += 1
-        flat = [(g, p) for g, p in enumerate(prompts) for _ in range(n)]
-        return Rollouts(
-            [p for _, p in flat],
-            [[5, 6]] * len(flat),
-            [True] * len(flat),
-            ["x"] * len(flat),
-            [g for g, _ in flat],
-        )
-
-
-class Ordered(PromptStream):
-    """The prompt stream with the identity as every epoch's order (the records in file order)."""
-
-    def _perm(self, epoch: int) -> list[int]:
-        return list(range(self.n_data))
+from helpers.sampling_fakes import CountingEngine, Ordered
 
 
 def test_ranks_make_different_numbers_of_generate_calls_in_one_step(tmp_path):

@@ -7,31 +7,10 @@ from __future__ import annotations
 import pytest
 
 from aggbench.config import TrainConfig
-from aggbench.rollout.base import Rollouts
 from aggbench.tiny.model import build_tiny_model
 from aggbench.train.batching import PromptStream, prompt_indices
 from aggbench.train.sampling import rollouts_with_rewards
-
-
-class FixedEngine:
-    """Answers every prompt with G fixed responses."""
-
-    def generate(self, prompts, *, n, temperature, top_p, max_new_tokens, seed):
-        flat = [(g, p) for g, p in enumerate(prompts) for _ in range(n)]
-        return Rollouts(
-            [p for _, p in flat],
-            [[5, 6]] * len(flat),
-            [True] * len(flat),
-            ["x"] * len(flat),
-            [g for g, _ in flat],
-        )
-
-
-class Ordered(PromptStream):
-    """The prompt stream with the identity as every epoch's order (the records in file order)."""
-
-    def _perm(self, epoch: int) -> list[int]:
-        return list(range(self.n_data))
+from helpers.sampling_fakes import CountingEngine, Ordered
 
 
 class Grader:
@@ -80,7 +59,7 @@ def test_refills_read_the_next_unread_prompts_and_the_filter_is_counted_before(t
     stream = Ordered(len(kinds), 0)
     cfg = _cfg(tmp_path, dynamic_sampling_max_rounds=3)
     roll, recs, rewards, stats = rollouts_with_rewards(
-        cfg, FixedEngine(), tok, _records(kinds), stream, [0, 1, 2, 3], 1, grader, {}, 0
+        cfg, CountingEngine(), tok, _records(kinds), stream, [0, 1, 2, 3], 1, grader, {}, 0
     )
     # round 0 keeps 1 and 3; round 1 refills the 2 missing from the next block (4, 5: both flat);
     # round 2 from the block after (8, 9). No prompt is drawn twice, none from elsewhere.
@@ -98,7 +77,7 @@ def test_without_dynamic_sampling_nothing_is_filtered(tmp_path, tok):
     kinds = ["solved", "mixed", "flat", "mixed"]
     cfg = _cfg(tmp_path, dynamic_sampling=False)
     _, recs, rewards, stats = rollouts_with_rewards(
-        cfg, FixedEngine(), tok, _records(kinds), Ordered(4, 0), [0, 1, 2, 3], 1, Grader(), {}, 0
+        cfg, CountingEngine(), tok, _records(kinds), Ordered(4, 0), [0, 1, 2, 3], 1, Grader(), {}, 0
     )
     assert len(recs) == 4 and len(rewards) == 8
     assert (stats.rounds, stats.groups_sampled, stats.groups_filtered) == (1, 4, 0)
@@ -119,7 +98,7 @@ def test_an_epoch_of_steps_draws_every_prompt_at_most_once(tmp_path, tok):
     while stream.cursor + 3 * 4 <= n:  # steps that stay inside the first epoch
         grader = Grader()
         *_, stats = rollouts_with_rewards(
-            cfg, FixedEngine(), tok, _records(kinds), stream, [0, 1, 2, 3], 1, grader, {}, 0
+            cfg, CountingEngine(), tok, _records(kinds), stream, [0, 1, 2, 3], 1, grader, {}, 0
         )
         drawn += [i for r in grader.rounds for i in r]
         stream.advance(stats.rounds, 4)
