@@ -162,9 +162,9 @@ def apply_config_overrides(model_dir: Path, overrides: dict[str, Any]) -> dict[s
         )
     original = {k: config[k] for k in overrides}
     config.update(overrides)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    # prepare-model calls this on its DIR.tmp-<pid>, renamed whole at the end: no file of it needs its
+    # own atomic write
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return original
 
 
