@@ -11,6 +11,7 @@ Run as a script (``python report_fixtures.py worker ...``) it is one job of the 
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import shutil
@@ -103,16 +104,20 @@ def write_run(
             (d / f"{bench}.metrics.json").write_text(json.dumps(eval_metrics(bench, v)))
 
 
-def make_grid(root: Path, *, reported: dict | None = None, store: bool = True) -> Path:
+def make_grid(
+    root: Path, *, reported: dict | None = None, store: bool = True, evals: dict | None = None
+) -> Path:
     """Write the grid's config and run files under ``root``; returns the config path.
 
     store: start from a copy of an empty, already migrated MLflow database (saves MLflow's 5-7 s
-    of migrations per test; the concurrency test starts from nothing instead).
+    of migrations per test; the concurrency test starts from nothing instead). evals: another
+    {(rule, seed): {benchmark: {step: value}}} than EVALS, every cell of it trained to the end (12
+    steps, checkpoints 4, 8, 12).
     """
     results = root / "results"
-    for (rule, seed), evals in EVALS.items():
-        last, ckpts = PROGRESS[(rule, seed)]
-        write_run(results / "runs" / cell_id(rule, seed), seed, last, ckpts, evals, RULES.index(rule))
+    for (rule, seed), by_bench in (evals or EVALS).items():
+        last, ckpts = PROGRESS[(rule, seed)] if evals is None else (TOTAL, [4, 8, 12])
+        write_run(results / "runs" / cell_id(rule, seed), seed, last, ckpts, by_bench, RULES.index(rule))
     base = results / "base" / MODEL / "eval" / "step_0"
     base.mkdir(parents=True)
     for bench, v in BASE.items():
@@ -179,6 +184,23 @@ def _worker(uri: str, experiment: str, cid: str, run_dir: str, sync_dir: str, ro
         init_store(uri)
         print(json.dumps(ingest_source(src, uri, experiment)), flush=True)
         (sync / f"done-{r}-{cid}").touch()
+
+
+def read_csv(path: Path) -> dict[tuple[str, str, str], dict[str, str]]:
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    return {(r["table"], r["row"], r["column"]): r for r in rows}
+
+
+def md_rows(md: str, title_part: str) -> dict[str, list[str]]:
+    """{row label: cells} of the Markdown table under the heading containing ``title_part``."""
+    section = md.split(title_part, 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for line in section.splitlines():
+        if line.startswith("| ") and not line.startswith("| rule"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            out[cells[0]] = cells[1:]
+    return out
 
 
 if __name__ == "__main__":

@@ -9,14 +9,17 @@ balanced  tiny_test  s0 {4: .40, 8: .60, 12: .70}  s1 {4: .50, 8: .60, 12: .50}
 sequence  s0 only, trained to step 8 of 12: tiny_test {4: .10, 8: .20}, math500 {4: .05, 8: .15}
 base      tiny_test .10, math500 .05
 
-Two seeds a, b: mean (a + b) / 2, sample std |a - b| / sqrt(2) (10 points apart -> 7.1, 20 -> 14.1).
+Two seeds a, b: mean (a + b) / 2, sample std |a - b| / sqrt(2) (10 points apart -> 7.1, 20 -> 14.1),
+95% Student-t half-width t(0.975, 1) * std / sqrt(2) = 12.706 * |a - b| / 2 (10 apart -> 63.5, 20 ->
+127.1). One seed: the evaluation's bootstrap bounds, which the fixture writes as value -+ 0.1.
+The drop (peak - last of each seed's benchmark average): token 0, 0; balanced 0 (.35, .35, .45)
+and 10 points (.30, .45, .35) -> 5.0 +- 63.5; sequence s0 0 (.075, .175).
 """
 
 from __future__ import annotations
 
 import csv
 import re
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -28,6 +31,7 @@ from aggbench.report.ingest import find_runs, summary_id, tracking_uri
 from aggbench.report.tables import check_reported
 from aggbench.tracking import init_store
 from helpers import report_fixtures as rf  # noqa: E402
+from helpers.report_fixtures import md_rows, read_csv
 
 REPORTED = {"tiny": {"tiny": {"token": {"tiny_test": 40.0, "math500": 30.0}, "base": {"tiny_test": 12.0}}}}
 ROWS = ["base (step 0)", "token", "balanced", "sequence"]
@@ -49,23 +53,6 @@ def reported(tmp_path_factory):
     assert res.exit_code == 0, res.output
     yield config, out, res.output
     mp.undo()
-
-
-def read_csv(path: Path) -> dict[tuple[str, str, str], dict[str, str]]:
-    with path.open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    return {(r["table"], r["row"], r["column"]): r for r in rows}
-
-
-def md_rows(md: str, title_part: str) -> dict[str, list[str]]:
-    """{row label: cells} of the Markdown table under the heading containing ``title_part``."""
-    section = md.split(title_part, 1)[1].split("\n## ", 1)[0]
-    out = {}
-    for line in section.splitlines():
-        if line.startswith("| ") and not line.startswith("| rule"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            out[cells[0]] = cells[1:]
-    return out
 
 
 def test_every_table_has_a_row_per_rule_and_base_and_a_number_per_benchmark(reported):
@@ -99,39 +86,59 @@ def test_peak_each_benchmark_at_its_best_step(reported):
     assert (got("sequence", "tiny_test")["mean"], got("sequence", "tiny_test")["std"]) == ("20.0", "")
     assert got("sequence", "tiny_test")["n_seeds"] == "1"
 
+    assert float(got("token", "tiny_test")["ci_high"]) == pytest.approx(45.0 + 12.7062047 * 10 / 2, abs=1e-4)
+    assert got("token", "tiny_test")["interval"] == "t"
+    # one seed: its bootstrap interval (value -+ 0.1 in the fixture)
+    seq = got("sequence", "tiny_test")
+    assert (seq["interval"], float(seq["ci_low"]), float(seq["ci_high"])) == ("bootstrap", 10.0, 30.0)
+
     rows = md_rows((out / "peak.md").read_text(), "each benchmark at its own best step")
-    assert rows["token"][0] == "45.0 ± 7.1 @8 (Δ +5.0)"  # reported 40.0
-    assert rows["balanced"] == ["**60.0 ± 0.0** @8", "20.0 ± 14.1 @4", "**40.0 ± 7.1**"]
-    assert rows["token"][1] == "**25.0 ± 7.1** @12 (Δ -5.0)"  # best of math500, reported 30.0
-    assert rows["base (step 0)"] == ["10.0 @0 (Δ -2.0)", "5.0 @0", "7.5 @0"]
+    assert rows["token"][0] == "45.0 ± 63.5 @8 (Δ +5.0)"  # reported 40.0
+    assert rows["balanced"] == ["**60.0 ± 0.0** @8", "20.0 ± 127.1 @4", "**40.0 ± 63.5**", "5.0 ± 63.5"]
+    assert rows["token"][1] == "**25.0 ± 63.5** @12 (Δ -5.0)"  # best of math500, reported 30.0
+    assert rows["token"][3] == "**0.0 ± 0.0**"  # the least drop is the best
+    assert rows["sequence †"] == [
+        "20.0 [10.0, 30.0] (n=1) @8",
+        "15.0 [5.0, 25.0] (n=1) @8",
+        "17.5 (n=1)",
+        "**0.0** (n=1)",
+    ]
+    assert rows["base (step 0)"] == ["10.0 [0.0, 20.0] @0 (Δ -2.0)", "5.0 [0.0, 15.0] @0", "7.5 @0", "—"]
 
 
 def test_peak_single_step_with_best_average(reported):
     _, out, _ = reported
     rows = md_rows((out / "peak.md").read_text(), "the single step with the best benchmark average")
     # token seed-mean averages: 4: .20, 8: (.35 + .30) / 2 = .325, 12: (.35 + .35) / 2 = .35 -> 12
-    assert rows["token"][:3] == ["12", "45.0 ± 7.1 (Δ +5.0)", "**25.0 ± 7.1** (Δ -5.0)"]
+    assert rows["token"][:3] == ["12", "45.0 ± 63.5 (Δ +5.0)", "**25.0 ± 63.5** (Δ -5.0)"]
     # average: both seeds .35 -> 35.0 +- 0.0; reported average (40 + 30) / 2 = 35 -> delta 0
     assert rows["token"][3] == "35.0 ± 0.0 (Δ +0.0)"
     # balanced: 4: .325, 8: (.35 + .45) / 2 = .40, 12: (.45 + .35) / 2 = .40 -> tie, step 8
-    assert rows["balanced"] == ["8", "**60.0 ± 0.0**", "20.0 ± 14.1", "**40.0 ± 7.1**"]
+    assert rows["balanced"] == ["8", "**60.0 ± 0.0**", "20.0 ± 127.1", "**40.0 ± 63.5**", "5.0 ± 63.5"]
 
 
 def test_last_step_table(reported):
     _, out, _ = reported
     md = (out / "last.md").read_text()
     rows = md_rows(md, "last evaluated step")
-    assert rows["balanced"] == ["12", "**60.0 ± 14.1**", "20.0 ± 0.0", "**40.0 ± 7.1**"]
+    assert rows["balanced"] == ["12", "**60.0 ± 127.1**", "20.0 ± 0.0", "**40.0 ± 63.5**", "5.0 ± 63.5"]
     assert rows["token"][0] == "12"
-    # the unfinished rule keeps its row, at its own last step, flagged
-    assert rows["sequence †"] == ["8", "20.0", "15.0", "17.5"]
+    # the unfinished rule keeps its row, at its own last step, flagged; one seed of two: n=1
+    assert rows["sequence †"] == [
+        "8",
+        "20.0 [10.0, 30.0] (n=1)",
+        "15.0 [5.0, 25.0] (n=1)",
+        "17.5 (n=1)",
+        "**0.0** (n=1)",
+    ]
     assert "tiny__tiny__sequence__s0: trained to step 8 of 12; evaluated at steps 4, 8 of 4, 8, 12" in md
     assert "tiny__tiny__sequence__s1: no MLflow run (no run files either)" in md
     data = read_csv(out / "last.csv")
     assert data[("last", "sequence", "average")]["flagged"] == "1"
     assert data[("last", "token", "average")]["flagged"] == "0"
     assert data[("last", "balanced", "tiny_test")]["best"] == "1"
-    assert "avg@4 in %, mean ± std over 2 seeds" in md
+    assert "avg@4 in %, mean over 2 seeds ± the half-width of a 95% Student-t interval" in md
+    assert "(df = n − 1: t = 12.71 with 2 seeds)" in md
 
 
 def test_tidy_values_csv_holds_every_value_read(reported):

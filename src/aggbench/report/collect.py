@@ -35,6 +35,9 @@ class CellData:
     # the context policy's counts (aggbench.evaluation.context): {"not_generated" | "context_capped":
     # {benchmark: {step: n}}}
     context: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
+    # the evaluation's bootstrap interval of the tabulated metric, where it has one (avg@n):
+    # {benchmark: {step: (low, high)}} as fractions; shown when a row has one seed
+    ci: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
 
     @property
     def stale(self) -> bool:
@@ -84,6 +87,7 @@ class Collected:
     cells: list[CellData]
     base: dict[str, dict[str, float]]  # model -> benchmark -> fraction at step 0
     base_expected: bool
+    base_ci: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)  # as ``base``
 
     def blocks(self) -> list[tuple[str, str]]:
         return list(dict.fromkeys((c.cell.model, c.cell.dataset) for c in self.cells))
@@ -187,6 +191,8 @@ def collect(
     keys = {b: metric_key(b, metric, exp) for b in benchmarks}
     runs, _ = find_runs(client, exp["experiment"])
     _check_metric(keys, runs.values())
+    # ci_low/ci_high bound avg@n, n the samples per problem: the interval of this metric only
+    boot = [b for b in benchmarks if metric_name(b, metric, exp) == metric_name(b, "avg@n", exp)]
     root = results_dir(exp)
     out = []
     for c in cells(exp):
@@ -203,6 +209,7 @@ def collect(
         if run is not None and not data.stale:
             rid = run.info.run_id
             data.evals = {b: metric_history(client, rid, k) for b, k in keys.items()}
+            data.ci = {b: _ci(client, rid, b) for b in boot}
             data.context = {
                 kind: {b: metric_history(client, rid, metric_names.mlflow_key(b, kind)) for b in benchmarks}
                 for kind in ("not_generated", "context_capped")
@@ -217,14 +224,24 @@ def collect(
             data.train = {k: metric_history(client, rid, k) for k in wanted}
         out.append(data)
     base: dict[str, dict[str, float]] = {}
+    base_ci: dict[str, dict[str, tuple[float, float]]] = {}
     for model in exp["models"]:
         run = runs.get(base_id(model))
         if run is not None:
             hist = {b: metric_history(client, run.info.run_id, k) for b, k in keys.items()}
             base[model] = {b: h[0] for b, h in hist.items() if 0 in h}
+            cis = {b: _ci(client, run.info.run_id, b) for b in boot}
+            base_ci[model] = {b: ci[0] for b, ci in cis.items() if 0 in ci}
     base_expected = bool(exp.get("evaluation", {}).get("base_model", True))
     label = metric_label(benchmarks, metric, exp)
-    return Collected(exp, label, benchmarks, keys, out, base, base_expected)
+    return Collected(exp, label, benchmarks, keys, out, base, base_expected, base_ci)
+
+
+def _ci(client: Any, run_id: str, benchmark: str) -> dict[int, tuple[float, float]]:
+    """{step: (ci_low, ci_high)} of one benchmark's evaluations (steps having both bounds)."""
+    lo = metric_history(client, run_id, metric_names.mlflow_key(benchmark, "ci_low"))
+    hi = metric_history(client, run_id, metric_names.mlflow_key(benchmark, "ci_high"))
+    return {t: (lo[t], hi[t]) for t in lo if t in hi}
 
 
 def _check_metric(keys: Mapping[str, str], runs: Iterable[Any]) -> None:

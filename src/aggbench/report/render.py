@@ -21,13 +21,21 @@ def _num(x: float) -> str:
     return f"{x:.1f}"
 
 
-def _cell_text(e: Entry, *, show_step: bool, latex: bool = False) -> str:
+def _cell_text(e: Entry, *, show_step: bool, seeds: int, latex: bool = False) -> str:
+    """``mean ± half`` (t interval over seeds), ``mean [low, high]`` (one seed's bootstrap), plus
+    ``(n=k)`` where the cell has fewer seeds than the table, the step, and the delta to the paper."""
     if e.mean is None:
         return "--" if latex else "—"
     pm = r" $\pm$ " if latex else " ± "
-    text = _num(e.mean) + (pm + _num(e.std) if e.std is not None else "")
+    text = _num(e.mean)
+    if e.interval == "t" and e.low is not None and e.high is not None:
+        text += pm + _num((e.high - e.low) / 2)
+    elif e.interval == "bootstrap" and e.low is not None and e.high is not None:
+        text += f" [{_num(e.low)}, {_num(e.high)}]"
     if e.best:
         text = rf"\textbf{{{text}}}" if latex else f"**{text}**"
+    if 0 < e.n < seeds:
+        text += f" (n={e.n})"
     if show_step and e.step is not None:
         text += rf"\,@{e.step}" if latex else f" @{e.step}"
     if e.delta is not None:
@@ -37,13 +45,27 @@ def _cell_text(e: Entry, *, show_step: bool, latex: bool = False) -> str:
 
 
 def _legend(t: Table) -> str:
-    seeds = f"mean ± std over {t.seeds} seeds (sample std)" if t.seeds > 1 else "one seed"
+    from aggbench.report.stats import t_quantile
+
+    if t.seeds > 1:
+        seeds = (
+            f"mean over {t.seeds} seeds ± the half-width of a 95% Student-t interval over the per-seed "
+            f"values (df = n − 1: t = {t_quantile(t.seeds - 1):.2f} with {t.seeds} seeds); a cell with "
+            "fewer seeds says n=k, and one seed shows its evaluation's 95% bootstrap interval over problems "
+            "[low, high]"
+        )
+    else:
+        seeds = "one seed, [low, high] its evaluation's 95% bootstrap interval over problems (avg@n only)"
     extra = (
         "; Δ = ours − reported (points)"
         if any(e.reported is not None for r in t.rows for e in r.entries.values())
         else ""
     )
-    return f"{t.metric} in %, {seeds}; steps are training steps; best per column in bold{extra}."
+    drop = "drop = peak − last of each seed's benchmark average (points), over seeds as the other columns"
+    return (
+        f"{t.metric} in %, {seeds}; {drop}; steps are training steps; best per column in bold "
+        f"(drop: the least){extra}."
+    )
 
 
 def to_markdown(tables: Sequence[Table], heading: str) -> str:
@@ -57,7 +79,10 @@ def to_markdown(tables: Sequence[Table], heading: str) -> str:
         for r in t.rows:
             label = r.label + (" †" if r.flagged else "")
             step = [str(r.step) if r.step is not None else "—"] if with_step else []
-            cells_ = [_cell_text(r.entries[c], show_step=not with_step) for c in t.columns]
+            cells_ = [
+                _cell_text(r.entries[c], show_step=not with_step, seeds=t.seeds if r.kind == "rule" else 0)
+                for c in t.columns
+            ]
             parts.append("| " + " | ".join([label, *step, *cells_]) + " |")
         if t.notes:
             parts += ["", "† missing or unfinished, never dropped:"]
@@ -67,8 +92,8 @@ def to_markdown(tables: Sequence[Table], heading: str) -> str:
 
 
 CSV_FIELDS = [
-    "table", "model", "dataset", "metric", "row", "kind", "column", "mean", "std", "n_seeds",
-    "step", "reported", "delta", "best", "flagged",
+    "table", "model", "dataset", "metric", "row", "kind", "column", "mean", "std", "ci_low", "ci_high",
+    "interval", "n_seeds", "step", "reported", "delta", "best", "flagged",
 ]  # fmt: skip
 
 
@@ -88,6 +113,7 @@ def to_csv(tables: Sequence[Table]) -> str:
                     {
                         "table": t.definition, "model": t.model, "dataset": t.dataset, "metric": t.metric,
                         "row": r.label, "kind": r.kind, "column": c, "mean": opt(e.mean), "std": opt(e.std),
+                        "ci_low": opt(e.low), "ci_high": opt(e.high), "interval": e.interval or "",
                         "n_seeds": e.n, "step": "" if e.step is None else e.step, "reported": opt(e.reported),
                         "delta": opt(e.delta), "best": int(e.best), "flagged": int(r.flagged),
                     }
@@ -126,7 +152,15 @@ def to_latex(tables: Sequence[Table]) -> str:
         for r in t.rows:
             label = _tex(r.label) + (r"$^{\dagger}$" if r.flagged else "")
             step = [str(r.step) if r.step is not None else "--"] if with_step else []
-            cells_ = [_cell_text(r.entries[c], show_step=not with_step, latex=True) for c in t.columns]
+            cells_ = [
+                _cell_text(
+                    r.entries[c],
+                    show_step=not with_step,
+                    seeds=t.seeds if r.kind == "rule" else 0,
+                    latex=True,
+                )
+                for c in t.columns
+            ]
             parts.append(" & ".join([label, *step, *cells_]) + r" \\")
         parts += [r"\bottomrule", r"\end{tabular}"]
         if t.notes:

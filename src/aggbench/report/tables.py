@@ -1,9 +1,11 @@
 """MLflow -> peak and last-step tables (Markdown, CSV, LaTeX).
 
 Per model x dataset, rows are the grid's rule instances plus the base model at step 0, columns the
-benchmarks plus their average. A value is the benchmark's headline metric (``avg@n`` unless told
-otherwise) in percent, mean +- sample std (ddof=1) over the seeds that have it; one seed shows no
-std. Steps are training steps. Three tables per block:
+benchmarks, their average and the peak-to-last drop. A value is the benchmark's headline metric
+(``avg@n`` unless told otherwise) in percent: with several seeds the mean over the seeds that have
+it and a 95% Student-t interval over the per-seed values; with one seed that seed's value and the
+evaluation's own bootstrap interval over problems, where it has one (``aggbench.report.stats``
+defines both, and the drop). Steps are training steps. Three tables per block:
 
 * ``peak_per_benchmark``: each benchmark at its own best step, chosen on the seed-mean curve (the
   step is shown beside each value); the average column averages those per-benchmark peaks.
@@ -11,6 +13,8 @@ std. Steps are training steps. Three tables per block:
   best (one step per row).
 * ``last``: every benchmark at the last step that has all benchmarks.
 
+The ``drop`` column is the same in all three: each seed's peak minus last value of its
+benchmark-average curve, averaged over seeds (the paper's stability measure; lower is better).
 Ties between steps go to the earliest. The best value of each column (rounded as shown) is bold.
 A row whose cells are missing, unfinished (trained to fewer than total_steps, or fewer evaluation
 steps than the grid expects) or disagree with the run files is marked with a dagger and the
@@ -36,8 +40,10 @@ from dataclasses import dataclass
 from aggbench import grid
 from aggbench.report.collect import CellData, Collected
 from aggbench.report.ingest import base_id
+from aggbench.report.stats import peak_to_last, t_interval
 
 AVERAGE = "average"
+DROP = "drop"  # peak minus last of the benchmark average (aggbench.report.stats.peak_to_last)
 BASE_LABEL = "base (step 0)"
 DEFINITIONS = {
     "peak_per_benchmark": "peak: each benchmark at its own best step (@step)",
@@ -48,7 +54,9 @@ DEFINITIONS = {
 
 @dataclass
 class Entry:
-    """One table cell, in percent. step: the training step the value is from."""
+    """One table cell, in percent. step: the training step the value is from; n: the seeds it
+    averages; (low, high): its 95% interval, ``interval`` saying which ("t": Student-t over the n
+    seeds, "bootstrap": the one seed's evaluation bootstrap over problems, None: none)."""
 
     mean: float | None = None
     std: float | None = None
@@ -56,6 +64,9 @@ class Entry:
     step: int | None = None
     reported: float | None = None
     best: bool = False
+    low: float | None = None
+    high: float | None = None
+    interval: str | None = None
 
     @property
     def delta(self) -> float | None:
@@ -87,12 +98,31 @@ class Table:
         return f"{self.model} / {self.dataset}: {DEFINITIONS[self.definition]}"
 
 
-def _entry(fractions: Sequence[float], step: int | None) -> Entry:
+def _entry(fractions: Sequence[float], step: int | None, boot: tuple[float, float] | None = None) -> Entry:
+    """Mean (percent) of per-seed fractions; the t interval over them when there are two or more,
+    else ``boot`` (the one seed's bootstrap bounds, fractions) when given."""
     if not fractions:
         return Entry(step=step)
     pct = [100.0 * v for v in fractions]
-    std = statistics.stdev(pct) if len(pct) > 1 else None
-    return Entry(statistics.fmean(pct), std, len(pct), step)
+    e = Entry(statistics.fmean(pct), None, len(pct), step)
+    if len(pct) > 1:
+        e.std = statistics.stdev(pct)
+        e.low, e.high = t_interval(pct)
+        e.interval = "t"
+    elif boot is not None:
+        e.low, e.high, e.interval = 100.0 * boot[0], 100.0 * boot[1], "bootstrap"
+    return e
+
+
+def _boot(have: Sequence[CellData], bench: str, step: int | None) -> tuple[float, float] | None:
+    """The bootstrap bounds of the only seed's evaluation at ``step``, when exactly one seed is tabled."""
+    return have[0].ci.get(bench, {}).get(step) if len(have) == 1 and step is not None else None
+
+
+def _drop(seeds: Sequence[CellData], benches: Sequence[str]) -> Entry:
+    """The peak-to-last drop: per seed, then over seeds (an entry like any other, in points)."""
+    drops = [d for d in (peak_to_last(c.evals, benches) for c in seeds) if d is not None]
+    return _entry(drops, None)
 
 
 def _argmax(curve: Mapping[int, float]) -> int | None:
@@ -103,7 +133,7 @@ def _argmax(curve: Mapping[int, float]) -> int | None:
 def _at_step(seeds: Sequence[CellData], benches: Sequence[str], step: int) -> dict[str, Entry]:
     """Every benchmark and the average at one step, over the seeds that have all benchmarks there."""
     have = [c for c in seeds if all(step in c.evals.get(b, {}) for b in benches)]
-    entries = {b: _entry([c.evals[b][step] for c in have], step) for b in benches}
+    entries = {b: _entry([c.evals[b][step] for c in have], step, _boot(have, b, step)) for b in benches}
     entries[AVERAGE] = _entry([statistics.fmean(c.evals[b][step] for b in benches) for c in have], step)
     return entries
 
@@ -130,8 +160,8 @@ def _rule_row(
                 for t, v in c.evals.get(b, {}).items():
                     by_step.setdefault(t, []).append(v)
             best[b] = _argmax({t: statistics.fmean(vs) for t, vs in by_step.items()})
-            values = [c.evals[b][best[b]] for c in seeds if best[b] in c.evals.get(b, {})]
-            entries[b] = _entry(values, best[b])
+            have = [c for c in seeds if best[b] in c.evals.get(b, {})]
+            entries[b] = _entry([c.evals[b][best[b]] for c in have], best[b], _boot(have, b, best[b]))
         full = [
             c for c in seeds if all(best[b] is not None and best[b] in c.evals.get(b, {}) for b in benches)
         ]
@@ -212,7 +242,7 @@ def build_tables(col: Collected, *, mismatched: Iterable[str] = ()) -> dict[str,
     check_reported(col.exp)
     bad = set(mismatched)
     benches = col.benchmarks
-    columns = [*benches, AVERAGE]
+    columns = [*benches, AVERAGE, DROP]
     out: dict[str, list[Table]] = {"peak": [], "last": []}
     for model, dataset in col.blocks():
         groups = col.rule_cells(model, dataset)
@@ -234,13 +264,19 @@ def build_tables(col: Collected, *, mismatched: Iterable[str] = ()) -> dict[str,
         for definition in DEFINITIONS:
             rows = []
             if col.base_expected:
-                entries = {b: _entry([base_vals[b]], 0) if b in base_vals else Entry() for b in benches}
+                base_ci = col.base_ci.get(model, {})
+                entries = {
+                    b: _entry([base_vals[b]], 0, base_ci.get(b)) if b in base_vals else Entry()
+                    for b in benches
+                }
                 entries[AVERAGE] = _entry(
                     [statistics.fmean(base_vals[b] for b in benches)] if not missing_base else [], 0
                 )
+                entries[DROP] = Entry()
                 rows.append(Row(BASE_LABEL, "base", entries, 0, bool(missing_base)))
             for rule, seeds in groups.items():
                 entries, step = _rule_row(definition, seeds, benches)
+                entries[DROP] = _drop(seeds, benches)
                 rows.append(Row(rule, "rule", entries, step, rule in flagged))
             for row in rows:
                 rep = _reported(col.exp, model, dataset, "base" if row.kind == "base" else row.label, benches)
@@ -248,9 +284,10 @@ def build_tables(col: Collected, *, mismatched: Iterable[str] = ()) -> dict[str,
                     e.reported = rep.get(k)
             for k in columns:
                 shown = [round(r.entries[k].mean, 1) for r in rows if r.entries[k].mean is not None]
+                top = (min if k == DROP else max)(shown, default=None)  # the least drop is the best
                 for r in rows:
                     e = r.entries[k]
-                    e.best = bool(shown) and e.mean is not None and round(e.mean, 1) == max(shown)
+                    e.best = e.mean is not None and round(e.mean, 1) == top
             table = Table(model, dataset, definition, col.metric, columns, rows, notes, n_seeds)
             out["last" if definition == "last" else "peak"].append(table)
     return out
