@@ -48,7 +48,7 @@ def cell_id(rule: str, seed: int) -> str:
 
 
 def metrics_row(seed: int, step: int, rule_index: int = 0) -> dict:
-    """~60 metrics of one step (values are arbitrary but distinct; one NaN, as a real run has)."""
+    """~65 metrics of one step (values are arbitrary but distinct; one NaN, as a real run has)."""
     row: dict = {"step": step, "time": 1_700_000_000.0 + 10 * step}
     base = ["reward/mean", "accuracy", "loss/pg", "loss/kl", "entropy", "clip_frac", "grad_norm", "lr"]
     base += ["len/mean", "len/cv", "len/pos_cv", "len/neg_cv"]
@@ -57,6 +57,10 @@ def metrics_row(seed: int, step: int, rule_index: int = 0) -> dict:
     row["len/pos_mean"] = 30.0 + 2 * step + seed
     row["len/neg_mean"] = 20.0 + step - seed
     row["len/gap"] = row["len/pos_mean"] - row["len/neg_mean"]
+    cv_within = round(0.5 + 0.25 * math.cos(step + seed + rule_index), 6)
+    row["len/cv_within"] = float("nan") if step == 2 else cv_within  # no group of >= 2 responses
+    row["len/gap_within"] = 2.0 - 0.5 * step + seed
+    row["response/truncated_frac"] = round(0.05 * ((step + seed + rule_index) % 4), 6)
     for j, r in enumerate(DIAG_RULES):
         wp = 0.5 if r == "balanced" else 0.4 + 0.01 * ((step + j) % 5)
         wn = 0.5 if r == "balanced" else 0.6 - 0.01 * ((step + j) % 3)

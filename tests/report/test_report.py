@@ -186,7 +186,7 @@ def test_plots_are_nontrivial_pngs(reported):
     import matplotlib.image as mpimg
 
     _, out, _ = reported
-    for kind in ("eval", "pg_loss", "length_by_sign", "sign_weights"):
+    for kind in ("eval", "pg_loss", "length_by_sign", "sign_weights", "analysis"):
         path = out / "plots" / f"tiny__tiny__{kind}.png"
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         img = mpimg.imread(path)
@@ -213,7 +213,7 @@ def test_summary_run_holds_the_artifacts_and_is_replaced_not_duplicated(reported
         [f"tables/{n}.{e}" for n in ("last", "peak") for e in ("csv", "md", "tex")] + ["tables/values.csv"]
     )
     assert arts["tables"] == want
-    assert len(arts["plots"]) == 4
+    assert len(arts["plots"]) == 6  # 5 figures of the one block + cross_cell.png
     # OUT holds exactly what the Snakemake `report` rule declares (TABLES and plots/ in
     # workflow/rules/common.smk); no mlflow_run.json marker for the summary run
     assert sorted(p.name for p in out.iterdir()) == sorted([w.split("/", 1)[1] for w in want] + ["plots"])

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from aggbench.aggregation.contract import RuleInstance, builtin_instances, check_inputs
-from aggbench.aggregation.ops import groups_of
+from aggbench.aggregation.ops import Groups, groups_of
 
 
 def sign_weights(eff_adv: Tensor, advantages: Tensor) -> tuple[float, float]:
@@ -37,14 +37,48 @@ def _mean_cv(x: Tensor) -> tuple[float, float]:
     return mean, (std / mean if mean > 0 else math.nan)
 
 
+def _mean_finite(x: Tensor) -> float:
+    """Mean of the finite entries of x [n]; NaN when there are none."""
+    x = x[torch.isfinite(x)]
+    return float(x.mean()) if x.numel() else math.nan
+
+
+def _within_group(lengths: Tensor, advantages: Tensor, g: Groups) -> tuple[float, float]:
+    """(cv_within, gap_within) of lengths [B] (float64) in the groups ``g`` (every group counted).
+
+    cv_within: mean over groups of >= 2 responses with a positive mean length of std / mean
+    (population std, as the pooled ``len/cv``); gap_within: mean over groups holding both a
+    positive- and a negative-advantage response of mean(positive lengths) - mean(negative lengths).
+    """
+    size = g.size.to(lengths.dtype)  # [n]
+    mean = g.sum(lengths) / size  # [n]
+    var = g.sum((lengths - g.gather(mean)) ** 2) / size  # [n]
+    ok = (size >= 2) & (mean > 0)
+    cv = torch.where(ok, var.sqrt() / mean.clamp_min(1e-300), torch.full_like(mean, math.nan))
+    pos, neg = (advantages > 0).to(lengths.dtype), (advantages < 0).to(lengths.dtype)
+    n_pos, n_neg = g.sum(pos), g.sum(neg)  # [n]
+    both = (n_pos > 0) & (n_neg > 0)
+    gap = g.sum(lengths * pos) / n_pos.clamp_min(1) - g.sum(lengths * neg) / n_neg.clamp_min(1)
+    return _mean_finite(cv), _mean_finite(torch.where(both, gap, torch.full_like(gap, math.nan)))
+
+
 def length_stats(mask: Tensor, advantages: Tensor, group_ids: Tensor) -> dict[str, float]:
-    """Response-length statistics by advantage sign, and the number of zero-variance groups.
+    """Response-length statistics by advantage sign, pooled and within group, and the number of
+    zero-variance groups.
 
     mask: [B, T]; advantages: [B]; group_ids: [B]. Keys: len/mean, len/cv, len/pos_mean, len/pos_cv,
-    len/neg_mean, len/neg_cv, len/gap (pos_mean - neg_mean), groups/zero_variance, groups/total.
-    All of the batch given: in the trainer the batch trained on, so under dynamic sampling
-    ``groups/zero_variance`` counts only groups left when refills ran out; the groups the filter
-    dropped are the trainer's ``groups/filtered`` (``aggbench.train.step_log``).
+    len/neg_mean, len/neg_cv, len/gap (pos_mean - neg_mean), len/cv_within, len/gap_within,
+    groups/zero_variance, groups/total. All of the batch given: in the trainer the batch trained on,
+    so under dynamic sampling ``groups/zero_variance`` counts only groups left when refills ran out;
+    the groups the filter dropped are the trainer's ``groups/filtered`` (``aggbench.train.step_log``).
+
+    The pooled statistics mix prompts: hard prompts draw long wrong answers and easy ones short right
+    answers, so the pooled sign split carries prompt difficulty. The within-group ones compare
+    responses to the same prompt: ``len/cv_within`` is the mean over groups of >= 2 responses (with a
+    positive mean length) of each group's length CV (population std / mean, as ``len/cv``);
+    ``len/gap_within`` is the mean over groups holding both a positive- and a negative-advantage
+    response of (mean length of its positive responses - mean length of its negative ones). Each is
+    NaN when no group qualifies.
     """
     m = check_inputs(mask, advantages, group_ids)
     lengths = m.sum(dim=1)
@@ -53,6 +87,8 @@ def length_stats(mask: Tensor, advantages: Tensor, group_ids: Tensor) -> dict[st
     out["len/pos_mean"], out["len/pos_cv"] = _mean_cv(lengths[advantages > 0])
     out["len/neg_mean"], out["len/neg_cv"] = _mean_cv(lengths[advantages < 0])
     out["len/gap"] = out["len/pos_mean"] - out["len/neg_mean"]
+    every = groups_of(advantages, group_ids, include_zero_groups=True)
+    out["len/cv_within"], out["len/gap_within"] = _within_group(lengths.to(torch.float64), advantages, every)
     g = groups_of(advantages, group_ids, include_zero_groups=False)
     out["groups/total"] = float(g.n)
     out["groups/zero_variance"] = float(g.n - g.sum(g.counted.to(lengths.dtype)).gt(0).sum())

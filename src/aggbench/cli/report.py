@@ -7,7 +7,8 @@
 `report` first checks MLflow against the run files (the source of truth): any value in the
 committed files that MLflow lacks or holds differently is listed and the command exits 1, writing
 nothing, unless --allow-mismatch (then the affected rows are flagged in the tables). It then writes
-OUT/{peak,last}.{md,csv,tex}, OUT/values.csv (the tidy table) and OUT/plots/*.png, and logs them
+OUT/{peak,last}.{md,csv,tex}, OUT/values.csv (the tidy table) and OUT/plots/*.png (the report's
+plots, then the analysis figures of aggbench.report.analysis, from the run files), and logs them
 as artifacts of the summary MLflow run `{experiment}__summary` (one run, found by its tag, its
 artifacts replaced on every report). Nothing else is written under OUT: it is exactly the
 Snakemake `report` rule's declared outputs.
@@ -141,9 +142,11 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
     paths = write_tables(tables, out, exp["experiment"], col)
     plots: list[Path] = []
     if not no_plots:
+        from aggbench.report.analysis import plot_analysis
         from aggbench.report.plots import plot_all
 
         plots = plot_all(col, out / "plots")
+        plots += plot_analysis(col, out / "plots", results_dir(exp))
     from aggbench.report.summary import log_summary
 
     run_id = log_summary(uri, exp["experiment"], paths, plots)
