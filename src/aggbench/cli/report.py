@@ -9,7 +9,7 @@ committed files that MLflow lacks or holds differently is listed and the command
 nothing, unless --allow-mismatch (then the affected rows are flagged in the tables). It then writes
 OUT/{peak,last}.{md,csv,tex}, OUT/values.csv (the tidy table) and OUT/plots/*.png, and logs them
 as artifacts of the summary MLflow run `{experiment}__summary` (one run, found by its tag, its
-artifacts replaced on every report). Nothing else is written under OUT: it is exactly the
+artifacts replaced on every report; each CSV also as an MLflow table, `tables/{name}.json`). Nothing else is written under OUT: it is exactly the
 Snakemake `report` rule's declared outputs.
 """
 
