@@ -341,6 +341,38 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: data}
 
 
+def resume_mutable(key: str) -> bool:
+    """Whether the dotted ``key`` (``tracking.experiment``) is, or is under, a RESUME_MUTABLE field."""
+    return any(key == m or key.startswith(m + ".") for m in RESUME_MUTABLE)
+
+
+# MLflow keeps a param value of at most 6000 characters (MAX_PARAM_VAL_LENGTH, mlflow/utils/validation.py,
+# 3.17); longer values are cut to it here, so that a resume compares the values MLflow stored.
+PARAM_VALUE_LIMIT = 6000
+
+
+def flat_config(cfg: TrainConfig) -> dict[str, str]:
+    """``cfg`` as MLflow params: {dotted key: text}, e.g. ``algorithm.lr: '1e-06'``, sorted by key.
+
+    ``aggregation`` is the rule instance's name (aggregation.name: what a search filters on);
+    sections and aggregation.params give dotted keys; strings are kept as they are, other values
+    (numbers, true/false, null, lists) written as JSON; every value cut to PARAM_VALUE_LIMIT.
+    """
+    flat = _flatten(cfg.model_dump(mode="json"))
+    flat["aggregation"] = flat.pop("aggregation.name")
+    text = {k: v if isinstance(v, str) else json.dumps(v) for k, v in flat.items()}
+    return {k: text[k][:PARAM_VALUE_LIMIT] for k in sorted(text)}
+
+
+def resume_refused(where: str, diff: list[str], fix: str) -> ConfigError:
+    """The error of a resume under a changed config (``diff``: resume_conflicts' lines)."""
+    return ConfigError(
+        f"{where} was trained with a different config; resuming would mix two experiments in "
+        "one run. Changed fields:\n  " + "\n  ".join(diff) + f"\nFix: {fix} "
+        f"These may change on a resume: {', '.join(RESUME_MUTABLE)}."
+    )
+
+
 def resume_conflicts(previous: dict[str, Any], current: TrainConfig) -> list[str]:
     """Dotted keys whose values differ between a run's stored resolved config and ``current``,
     ignoring RESUME_MUTABLE. Resuming with any of them changed would splice two experiments into
@@ -350,11 +382,7 @@ def resume_conflicts(previous: dict[str, Any], current: TrainConfig) -> list[str
     with contextlib.suppress(ValidationError):
         previous = TrainConfig.model_validate(previous).model_dump(mode="json")
     old, new = _flatten(previous), _flatten(current.model_dump(mode="json"))
-
-    def mutable(key: str) -> bool:
-        return any(key == m or key.startswith(m + ".") for m in RESUME_MUTABLE)
-
-    keys = sorted(k for k in set(old) | set(new) if not mutable(k))
+    keys = sorted(k for k in set(old) | set(new) if not resume_mutable(k))
     # json round trip: tuples stored by YAML as lists compare equal to the model's lists
     return [
         f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
@@ -384,14 +412,8 @@ def check_resume(run_dir: str | Path, current: TrainConfig, *, allow_change: boo
         )
     diff = resume_conflicts(previous, current)
     if diff:
-        raise ConfigError(
-            f"{run_dir} was trained with a different config; resuming would mix two experiments in "
-            "one run. Changed fields:\n  "
-            + "\n  ".join(diff)
-            + "\nFix: restore those values, train into a new --out directory, or pass "
-            "--allow-config-change to continue this run with the new values on purpose. "
-            f"These may change on a resume: {', '.join(RESUME_MUTABLE)}."
-        )
+        fix = "restore those values, train into a new --out directory, or pass --allow-config-change "
+        raise resume_refused(str(run_dir), diff, fix + "to continue this run with the new values on purpose.")
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:

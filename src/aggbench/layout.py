@@ -71,6 +71,11 @@ def base_dir(results: str | Path, model: str) -> Path:
     return Path(results) / BASE / model
 
 
+def is_base_dir(run: str | Path) -> bool:
+    """Whether ``run`` is a base model's directory ``results/base/<model>`` (``base_dir``)."""
+    return Path(run).resolve().parent.name == BASE
+
+
 def tables_dir(results: str | Path) -> Path:
     return Path(results) / "tables"
 

@@ -8,6 +8,26 @@ logged (a gap left by hand-editing the store is filled too). A crash at any poin
 leaves MLflow holding each step at most once, and the next sync (on resume, or ``aggbench ingest``)
 fills in what is missing. Readers also go through ``metric_history``, which keeps one value per
 step, so even a store written by something else cannot show a step twice.
+
+Run status (a run is never left RUNNING by a process that could still say how it ended):
+
+* A training segment (one ``aggbench train --until-step N`` job, under the run lock) sets RUNNING
+  when it starts and, when it returns, FINISHED if the run has reached ``algorithm.total_steps``,
+  else SCHEDULED: more segments are to come and no process trains it meanwhile (a run extended by a
+  larger total_steps goes back to RUNNING, then SCHEDULED or FINISHED). So between the segments of
+  a DAG a run is SCHEDULED, and once the last segment is done FINISHED.
+* SIGTERM (what SLURM and Snakemake send) marks it KILLED, and so does Ctrl-C; any other exception
+  marks it FAILED; the process then exits non-zero (143 for SIGTERM) or the exception propagates.
+  A SIGKILL, an out-of-memory kill or a crash-test fault leaves it RUNNING: nothing can run then.
+  The next segment (the resume) sets RUNNING again, and FINISHED at the end.
+* A base model's run (``{model}__base``, step-0 evaluation) is FINISHED as soon as its metrics
+  are logged; the report's summary run once its artifacts are. ``aggbench ingest`` marks a cell
+  FINISHED when its files hold the last step (and SCHEDULED if it created the run for a cell still
+  being trained): a store rebuilt from the files holds no RUNNING run either.
+
+Parameters: a cell's run carries its resolved config as params (``config.flat_config``), logged
+once; a resume compares them with the run's and refuses a different value (MLflow's params cannot
+change). The experiment carries ``mlflow.experimentKind``, so MLflow 3's UI opens on its runs.
 """
 
 from __future__ import annotations
@@ -15,9 +35,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import math
 import os
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -26,6 +49,14 @@ from typing import Any
 from aggbench.files import write_atomic
 
 SENTINEL = "train/step"
+# MLflow 3's UI opens an experiment on its GenAI overview unless this tag says otherwise; the
+# values are the UI's ExperimentKind enum (mlflow/server/js: GENAI_DEVELOPMENT = "genai_development",
+# CUSTOM_MODEL_DEVELOPMENT = "custom_model_development": "Machine learning", opens on the runs)
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+BATCH = 100  # params or tags per log_batch call: MLflow's MAX_PARAMS_TAGS_PER_BATCH
+
+log = logging.getLogger("aggbench.tracking")
 
 
 class MetricsLog:
@@ -83,6 +114,11 @@ def resolve_tracking_uri(configured: str | None, run_dir: Path) -> str:
     return f"sqlite:///{results_root(run_dir) / 'mlflow.db'}"
 
 
+def _transient(exc: Exception) -> bool:
+    """SQLite's 'database is locked' / 'busy': worth retrying."""
+    return "locked" in str(exc).lower() or "busy" in str(exc).lower()
+
+
 def _retry(fn, *args, attempts: int = 8, **kwargs):
     """SQLite under concurrent jobs answers 'database is locked' now and then: back off and retry."""
     delay = 0.2
@@ -90,7 +126,7 @@ def _retry(fn, *args, attempts: int = 8, **kwargs):
         try:
             return fn(*args, **kwargs)
         except Exception as exc:  # mlflow wraps sqlalchemy errors in MlflowException
-            if i == attempts - 1 or "locked" not in str(exc).lower() and "busy" not in str(exc).lower():
+            if i == attempts - 1 or not _transient(exc):
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 3.0)
@@ -140,17 +176,21 @@ class MlflowRun:
         self.cell_id = cell_id
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.experiment_id = _retry(self._experiment, experiment)
+        self.created = False  # whether this object created the run (``_find_or_create``)
         self.run_id = _retry(self._find_or_create)
 
     def _experiment(self, name: str) -> str:
         exp = self.client.get_experiment_by_name(name)
         if exp is not None:
+            if EXPERIMENT_KIND_TAG not in exp.tags:  # made before aggbench set it, or by hand
+                self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
             return exp.experiment_id
         artifacts = None
         if self.uri.startswith("sqlite:///"):
             artifacts = (Path(self.uri[len("sqlite:///") :]).parent / "mlartifacts").as_uri()
         try:
-            return self.client.create_experiment(name, artifact_location=artifacts)
+            kind = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+            return self.client.create_experiment(name, artifact_location=artifacts, tags=kind)
         except Exception:  # created concurrently by another job
             exp = self.client.get_experiment_by_name(name)
             if exp is None:
@@ -160,11 +200,12 @@ class MlflowRun:
     def _find_or_create(self) -> str:
         marker = None if self.run_dir is None else self.run_dir / "mlflow_run.json"
         saved = _read_marker(marker) if marker is not None else None
-        if saved is not None and saved.get("tracking_uri") == self.uri:
+        if saved is not None and saved.get("tracking_uri") == self.uri and self._alive(saved["run_id"]):
             return saved["run_id"]
         found = self.client.search_runs(
             [self.experiment_id], filter_string=f"tags.`aggbench.cell_id` = '{self.cell_id}'", max_results=5
         )
+        self.created = not found
         if found:
             run_id = sorted(found, key=lambda r: r.info.start_time)[0].info.run_id
         else:
@@ -176,12 +217,52 @@ class MlflowRun:
             write_atomic(marker, json.dumps({"tracking_uri": self.uri, "run_id": run_id}))
         return run_id
 
+    def _alive(self, run_id: str) -> bool:
+        """Whether the store holds ``run_id``, not deleted (a marker outlives a deleted run or store)."""
+        try:
+            return self.client.get_run(run_id).info.lifecycle_stage == "active"
+        except Exception as exc:  # RESOURCE_DOES_NOT_EXIST; a locked database is retried by the caller
+            if _transient(exc):
+                raise
+            return False
+
     def set_tags(self, tags: dict[str, Any]) -> None:
         from mlflow.entities import RunTag
 
         items = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
-        for i in range(0, len(items), 100):
-            _retry(self.client.log_batch, self.run_id, tags=items[i : i + 100])
+        for i in range(0, len(items), BATCH):
+            _retry(self.client.log_batch, self.run_id, tags=items[i : i + BATCH])
+
+    def param_conflicts(self, params: dict[str, str]) -> list[str]:
+        """``key: 'in MLflow' -> 'given'`` for each param the run holds with another value, or that
+        ``params`` lacks (a key ``params`` adds is not a conflict: a field added since the run began)."""
+        have = _retry(self.client.get_run, self.run_id).data.params
+        return [
+            f"{k}: {v!r} -> {params.get(k, '<absent>')!r}"
+            for k, v in sorted(have.items())
+            if params.get(k) != v
+        ]
+
+    def log_params(self, params: dict[str, str]) -> int:
+        """Log the params the run lacks (MLflow refuses to change one: check ``param_conflicts``
+        first), ``BATCH`` per call; returns how many were logged."""
+        from mlflow.entities import Param
+
+        have = _retry(self.client.get_run, self.run_id).data.params
+        items = [Param(k, v) for k, v in params.items() if k not in have]
+        for i in range(0, len(items), BATCH):
+            _retry(self.client.log_batch, self.run_id, params=items[i : i + BATCH])
+        return len(items)
+
+    def status(self) -> str:
+        return _retry(self.client.get_run, self.run_id).info.status
+
+    def set_status(self, status: str) -> None:
+        """RUNNING and SCHEDULED keep the run open; FINISHED, FAILED and KILLED end it (end time set)."""
+        if status in ("RUNNING", "SCHEDULED"):
+            _retry(self.client.update_run, self.run_id, status=status)
+        else:
+            _retry(self.client.set_terminated, self.run_id, status)
 
     def synced_steps(self) -> set[int]:
         """Steps whose whole batch reached MLflow (the sentinel is logged in the same transaction)."""
@@ -217,8 +298,53 @@ class MlflowRun:
             logged += 1
         return logged
 
-    def set_terminated(self, status: str = "FINISHED") -> None:
-        _retry(self.client.set_terminated, self.run_id, status)
+
+class Terminated(SystemExit):
+    """Raised in the main thread by SIGTERM inside ``run_status``: cleanup (``finally``) runs, and
+    uncaught it exits the process with status 128 + SIGTERM = 143, as the default action reports."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises ``Terminated`` inside the block (main thread only: elsewhere Python cannot
+    install handlers); a second SIGTERM gets the previous handler (by default: dies at once)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    previous = signal.SIG_DFL if previous is None else previous  # installed outside Python
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, previous)
+        raise Terminated(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def run_status(run: MlflowRun | None, done: str) -> Iterator[None]:
+    """The run is RUNNING inside the block and ``done`` after it; KILLED on SIGTERM or Ctrl-C,
+    FAILED on any other exception, which propagates (the module docstring's policy). ``run=None``:
+    nothing is tracked, and SIGTERM keeps its default action."""
+    if run is None:
+        yield
+        return
+    run.set_status("RUNNING")
+    with _sigterm_raises():
+        try:
+            yield
+        except BaseException as exc:
+            ended = "KILLED" if isinstance(exc, Terminated | KeyboardInterrupt) else "FAILED"
+            try:
+                run.set_status(ended)
+            except Exception as mlflow_exc:  # the original error matters more than the status
+                log.warning("could not mark MLflow run %s %s: %s", run.run_id, ended, mlflow_exc)
+            raise
+    run.set_status(done)
 
 
 def _read_marker(path: Path) -> dict[str, Any] | None:

@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from aggbench import layout
 from aggbench.cli.report import ingest_command, report_command  # noqa: E402
+from aggbench.evaluation.mlflow import log_eval_metrics
 from aggbench.grid import load_experiment  # noqa: E402
 from aggbench.report.ingest import base_id, find_runs, tracking_uri, verify
-from aggbench.tracking import init_store
+from aggbench.tracking import EXPERIMENT_KIND_TAG, MlflowRun, init_store
 from helpers import report_fixtures as rf  # noqa: E402
 from helpers.support import EVAL_KEYS_N4  # noqa: E402
 
@@ -155,3 +157,41 @@ def test_ingest_rejects_unknown_cell(tmp_path):
     config = rf.make_grid(tmp_path)
     res = run_cli(ingest_command, "--config", str(config), "--cell", "nope__s0", ok=False)
     assert res.exit_code != 0 and "nope__s0: not in this grid" in res.output
+
+
+def test_ingest_leaves_no_run_running(tmp_path):
+    """Complete cells and the base model FINISHED; a run ingest created for an unfinished cell
+    SCHEDULED; a complete cell's run a trainer left RUNNING (killed after its last checkpoint) FINISHED."""
+    config = rf.make_grid(tmp_path)
+    exp = load_experiment(config)
+    client = init_store(tracking_uri(exp))
+    left = MlflowRun(tracking_uri(exp), "synth", rf.cell_id("token", 0), None)
+    assert client.get_run(left.run_id).info.status == "RUNNING"
+    run_cli(ingest_command, "--config", str(config), "--quiet")
+    runs, _ = find_runs(client, "synth")
+    status = {cid: r.info.status for cid, r in runs.items()}
+    assert status == {
+        **{cid: "FINISHED" for cid in CELLS if cid != rf.cell_id("sequence", 0)},
+        rf.cell_id("sequence", 0): "SCHEDULED",  # trained to step 10 of 12
+        base_id("tiny"): "FINISHED",
+    }
+    assert runs[rf.cell_id("token", 0)].info.run_id == left.run_id
+    exp_tags = client.get_experiment_by_name("synth").tags
+    assert exp_tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+
+
+def test_a_base_evaluation_logged_live_finishes_its_run(tmp_path):
+    """`aggbench evaluate` on a base model (results/base/<model>) logs step 0 and ends the run."""
+    results = tmp_path / "results"
+    base = layout.base_dir(results, "tiny")
+    cell = layout.run_dir(results, rf.cell_id("token", 0))
+    assert layout.is_base_dir(base) and not layout.is_base_dir(cell)
+    shutil.copy(rf.empty_store(), tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    metrics = {b: rf.eval_metrics(b, 0.1) for b in rf.BENCHES}
+    res = log_eval_metrics(base, base_id("tiny"), 0, metrics, tracking_uri=uri, experiment="e", finish=True)
+    client = init_store(uri)
+    assert client.get_run(res["run_id"]).info.status == "FINISHED"
+    assert client.get_run(res["run_id"]).data.metrics["eval/math500/avg_at_4"] == 0.1
+    res = log_eval_metrics(cell, rf.cell_id("token", 0), 4, metrics, tracking_uri=uri, experiment="e")
+    assert client.get_run(res["run_id"]).info.status == "RUNNING"  # a cell's trainer says how it ends

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import re
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -194,7 +195,7 @@ def test_plots_are_nontrivial_pngs(reported):
         assert img[..., :3].std() > 0.05, f"{kind}: nearly blank"
 
 
-def test_summary_run_holds_the_artifacts_and_is_replaced_not_duplicated(reported):
+def test_summary_run_holds_the_artifacts_and_is_replaced_not_duplicated(reported, monkeypatch):
     config, out, _ = reported
     exp = load_experiment(config)
     client = init_store(tracking_uri(exp))
@@ -209,19 +210,71 @@ def test_summary_run_holds_the_artifacts_and_is_replaced_not_duplicated(reported
         return run.info.run_id, arts
 
     run_id, arts = summary()
-    want = sorted(
-        [f"tables/{n}.{e}" for n in ("last", "peak") for e in ("csv", "md", "tex")] + ["tables/values.csv"]
-    )
-    assert arts["tables"] == want
+    files = [f"tables/{n}.{e}" for n in ("last", "peak") for e in ("csv", "md", "tex")] + [
+        "tables/values.csv"
+    ]
+    mlflow_tables = [f"tables/{n}.json" for n in ("last", "peak", "values")]
+    assert arts["tables"] == sorted(files + mlflow_tables)
     assert len(arts["plots"]) == 6  # 5 figures of the one block + cross_cell.png
     # OUT holds exactly what the Snakemake `report` rule declares (TABLES and plots/ in
     # workflow/rules/common.smk); no mlflow_run.json marker for the summary run
-    assert sorted(p.name for p in out.iterdir()) == sorted([w.split("/", 1)[1] for w in want] + ["plots"])
+    assert sorted(p.name for p in out.iterdir()) == sorted([w.split("/", 1)[1] for w in files] + ["plots"])
     res = CliRunner().invoke(report_command, ["--config", str(config), "--out", str(out), "--no-plots"])
     assert res.exit_code == 0, res.output
     run_id2, arts2 = summary()
     assert run_id2 == run_id
     assert arts2 == {"tables": arts["tables"], "plots": []}  # replaced: this report made no plots
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri(exp))  # load_table searches the default store
+    rows = client.load_table(
+        client.get_experiment_by_name("synth").experiment_id, "tables/last.json", [run_id]
+    )
+    assert len(rows) == len(read_csv(out / "last.csv"))  # replaced, not appended to
+
+
+def test_summary_tables_load_back_as_mlflow_tables(reported, monkeypatch):
+    """`mlflow.load_table` gives each table file's rows: the long CSV, typed by pandas."""
+    import mlflow
+
+    config, out, _ = reported
+    exp = load_experiment(config)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri(exp))
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "synth")
+    runs, _ = find_runs(init_store(tracking_uri(exp)), "synth")
+    run_id = runs[summary_id("synth")].info.run_id
+    last = mlflow.load_table("tables/last.json", run_ids=[run_id])
+    want = read_csv(out / "last.csv")
+    assert len(last) == len(want) == len(ROWS) * len(COLUMNS)
+    assert list(last.columns) == list(next(iter(want.values())))
+    got = {(r.table, r.row, r.column): r for r in last.itertuples()}
+    assert set(got) == set(want)
+    # balanced tiny_test at step 12: s0 .70, s1 .50 -> 60.0 +- 14.1 (the module docstring)
+    cell = got[("last", "balanced", "tiny_test")]
+    assert cell.mean == pytest.approx(60.0) and cell.std == pytest.approx(14.142136) and cell.step == 12
+    assert cell.n_seeds == 2 and cell.kind == "rule"
+    peak = mlflow.load_table("tables/peak.json", run_ids=[run_id])
+    assert set(peak["table"]) == {"peak_per_benchmark", "peak_best_average"}
+    assert len(peak) == len(read_csv(out / "peak.csv"))
+    values = mlflow.load_table("tables/values.json", run_ids=[run_id])
+    assert len(values) == sum(1 for _ in (out / "values.csv").open()) - 1
+
+
+def test_a_logged_table_is_replaced_where_old_artifacts_stay(tmp_path, monkeypatch):
+    """A remote artifact store cannot be emptied first: logging a table again overwrites it
+    (MLflow's log_table alone would append the rows to the old ones)."""
+    import pandas as pd
+
+    from aggbench.report.summary import log_table
+    from aggbench.tracking import MlflowRun
+
+    shutil.copy(rf.empty_store(), tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # load_table searches the default store
+    run = MlflowRun(uri, "tables", "summary", None)
+    first = pd.DataFrame({"row": ["a", "b"], "mean": [1.5, None]})
+    log_table(run.client, run.run_id, first, "tables/t.json")
+    log_table(run.client, run.run_id, pd.DataFrame({"row": ["c"], "mean": [2.0]}), "tables/t.json")
+    got = run.client.load_table(run.experiment_id, "tables/t.json", [run.run_id])
+    assert got["row"].tolist() == ["c"] and got["mean"].tolist() == [2.0]
 
 
 def test_metric_names_and_reported_validation(reported):

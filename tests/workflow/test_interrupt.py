@@ -3,7 +3,8 @@
 Grid: the tiny model, one rule, 6 steps, a checkpoint (and a train job) every 2 steps. The kill
 comes once the step-2 segment is done and the step-4 segment has started training. The rerun must
 finish without redoing finished jobs, resume training from step 2 (not 0) in the same MLflow run,
-and leave every training step in MLflow exactly once.
+and leave every training step in MLflow exactly once. The killed run is not FINISHED in MLflow (a
+SIGKILL leaves it RUNNING: nothing could say otherwise) until the rerun finishes it.
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ def test_interrupted_dag_resumes_without_redoing_or_duplicating(wf, tmp_path, ti
     assert max(killed_at) in (3, 4), killed_at
     done2_mtime = marker[2].stat().st_mtime_ns
     run_id = json.loads((run / "mlflow_run.json").read_text())["run_id"]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow.db'}")
+    assert client.get_run(run_id).info.status == "RUNNING", "killed mid-segment: not FINISHED, not SCHEDULED"
 
     # ---- second run: a killed Snakemake leaves its lock behind; unlock, then run again
     wf.run([*args, "--unlock"], cwd=work)
@@ -95,9 +100,7 @@ def test_interrupted_dag_resumes_without_redoing_or_duplicating(wf, tmp_path, ti
 
     # same MLflow run, every step there exactly once
     assert json.loads((run / "mlflow_run.json").read_text())["run_id"] == run_id
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow.db'}")
+    assert client.get_run(run_id).info.status == "FINISHED"
     runs = client.search_runs(
         [client.get_experiment_by_name("smoke").experiment_id],
         filter_string=f"tags.`aggbench.cell_id` = '{CELL}'",

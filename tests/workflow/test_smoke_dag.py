@@ -1,9 +1,11 @@
 """The smoke DAG, end to end, exactly as `snakemake --cores 2` runs it (results in a temp dir).
 
-One run, then four checks: the run finished; the tables have a row per rule (and the base model)
-with a number for every benchmark; the positive/negative length gap lasted to the last step; and
+One run, then these checks: the run finished; the tables have a row per rule (and the base model)
+with a number for every benchmark; the positive/negative length gap lasted to the last step;
 `token` weighted the two advantage signs differently from `balanced` on the same batches (otherwise
-the smoke grid would compare rules that behave identically).
+the smoke grid would compare rules that behave identically); and MLflow as a researcher uses it:
+every run FINISHED, cells found by their params, the experiment tagged for the runs view, the
+summary tables readable with `mlflow.load_table`.
 
 How long the DAG takes is measured by benchmarks/smoke_dag.py, not asserted here: a busy machine
 must not fail a correct run. The hard timeout only keeps CI from hanging.
@@ -132,3 +134,53 @@ def test_mlflow_holds_the_diagnostics_once_per_step(wf, smoke_run):
         assert sorted(m.step for m in hist) == list(range(1, total + 1)), cell
         last_file = _metrics(results, cell)[-1]["len/gap"]
         assert next(m.value for m in hist if m.step == total) == pytest.approx(last_file), cell
+
+
+def _client_and_experiment(results):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow.db'}")
+    return client, client.get_experiment_by_name("smoke")
+
+
+def test_every_run_is_finished_and_cells_are_found_by_their_params(wf, smoke_run):
+    results, _, _ = smoke_run
+    client, exp = _client_and_experiment(results)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow 3: opens on runs
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    by_cell = {r.data.tags["aggbench.cell_id"]: r for r in runs}
+    assert sorted(by_cell) == sorted([*_cells(wf), "tiny__base", "smoke__summary"])
+    assert {cid: r.info.status for cid, r in by_cell.items()} == dict.fromkeys(by_cell, "FINISHED")
+    balanced = client.search_runs([exp.experiment_id], filter_string="params.aggregation = 'balanced'")
+    assert [r.data.tags["aggbench.cell_id"] for r in balanced] == ["tiny__tiny__balanced__s0"]
+    cfg = yaml.safe_load(wf.SMOKE.read_text())["training"]
+    params = balanced[0].data.params
+    assert params["algorithm.group_size"] == str(cfg["algorithm"]["group_size"])
+    assert float(params["algorithm.lr"]) == cfg["algorithm"]["lr"]
+    assert params["sampling.temperature"] == json.dumps(
+        float(cfg.get("sampling", {}).get("temperature", 1.0))
+    )
+    for cid in ("tiny__base", "smoke__summary"):
+        assert by_cell[cid].data.params == {}, cid  # not found by a params filter
+
+
+def test_summary_tables_load_back_with_mlflow(wf, smoke_run, monkeypatch):
+    import mlflow
+
+    results, _, _ = smoke_run
+    client, exp = _client_and_experiment(results)
+    (summary,) = client.search_runs(
+        [exp.experiment_id], filter_string="tags.`aggbench.cell_id` = 'smoke__summary'"
+    )
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{results / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "smoke")
+    last = mlflow.load_table("tables/last.json", run_ids=[summary.info.run_id])
+    want = _rows(results / "tables" / "last.csv")
+    assert len(last) == len(want) > 0
+    rules = [a["name"] for a in yaml.safe_load(wf.SMOKE.read_text())["aggregations"]]
+    assert set(rules) < set(last["row"])
+    for r in want:
+        (got,) = last[(last["row"] == r["row"]) & (last["column"] == r["column"])].itertuples()
+        assert got.mean == pytest.approx(float(r["mean"])), (r["row"], r["column"])
+    peak = mlflow.load_table("tables/peak.json", run_ids=[summary.info.run_id])
+    assert len(peak) == len(_rows(results / "tables" / "peak.csv"))

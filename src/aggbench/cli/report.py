@@ -10,7 +10,7 @@ nothing, unless --allow-mismatch (then the affected rows are flagged in the tabl
 OUT/{peak,last}.{md,csv,tex}, OUT/values.csv (the tidy table) and OUT/plots/*.png (the report's
 plots, then the analysis figures of aggbench.report.analysis, from the run files), and logs them
 as artifacts of the summary MLflow run `{experiment}__summary` (one run, found by its tag, its
-artifacts replaced on every report). Nothing else is written under OUT: it is exactly the
+artifacts replaced on every report; each CSV also as an MLflow table, `tables/{name}.json`). Nothing else is written under OUT: it is exactly the
 Snakemake `report` rule's declared outputs.
 """
 

@@ -10,6 +10,7 @@ from typing import Any
 from aggbench.evaluation.generate import GenerateOptions, generate_benchmarks
 from aggbench.evaluation.mlflow import log_eval_metrics
 from aggbench.evaluation.score import EvaluationError, score_benchmark, write_json
+from aggbench.layout import is_base_dir
 
 
 def evaluate_checkpoint(
@@ -61,7 +62,13 @@ def evaluate_checkpoint(
         result["mlflow"] = {
             "cell_id": cell,
             **log_eval_metrics(
-                run_dir, cell, step, metrics, tracking_uri=tracking_uri, experiment=experiment
+                run_dir,
+                cell,
+                step,
+                metrics,
+                tracking_uri=tracking_uri,
+                experiment=experiment,
+                finish=is_base_dir(run_dir),  # a base model's run: nothing else is logged to it
             ),
         }
     write_json(out_dir / "evaluation.json", result)

@@ -2,7 +2,9 @@
 
 ``eval/{benchmark}/{metric}`` keys (``@`` spelled ``_at_``), logged idempotently: a key that already
 has a value at the step is skipped. ``aggbench evaluate`` logs live; ``aggbench ingest`` replays the
-metrics.json files through the same function.
+metrics.json files through the same function. A base model's run (``results/base/{model}``, step 0)
+has nothing else to come and is FINISHED once its metrics are in (``finish``); a cell's run keeps
+the status its trainer gives it.
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ def log_eval_metrics(
     metrics_by_benchmark: Mapping[str, Mapping[str, Any]],
     tracking_uri: str | None = None,
     experiment: str = "aggbench",
+    *,
+    finish: bool = False,
 ) -> dict[str, Any]:
     """Log evaluation metrics to the cell's MLflow run at training ``step``, idempotently.
 
     A key that already has a value at ``step`` (read through ``metric_history``) is skipped, so
-    re-running never stores a second value; the rest go in one ``log_batch`` call. Returns
+    re-running never stores a second value; the rest go in one ``log_batch`` call; ``finish``: then
+    mark the run FINISHED (a base model's evaluation run). Returns
     ``{"logged": [keys], "skipped": [keys], "run_id": str}``.
     """
     from mlflow.entities import Metric
@@ -62,4 +67,6 @@ def log_eval_metrics(
         _retry(run.client.log_batch, run.run_id, metrics=batch[i : i + 1000])
     if tags:
         run.set_tags(tags)
+    if finish and run.status() != "FINISHED":
+        run.set_status("FINISHED")
     return {"logged": logged, "skipped": skipped, "run_id": run.run_id}

@@ -139,19 +139,19 @@ def sources(exp: dict) -> list[Source]:
 
 
 def open_run(uri: str, experiment: str, cell_id: str, run_dir: Path | None) -> MlflowRun:
-    """``MlflowRun``, dropping a ``mlflow_run.json`` that names a run the store no longer has
-    (the database was deleted and is being rebuilt from the files, or the run was deleted);
+    """``MlflowRun``: a ``mlflow_run.json`` that names a run the store no longer has (the database
+    was deleted and is being rebuilt from the files, or the run was deleted) is replaced;
     ``run_dir=None``: no marker file, the run is found by its tag."""
-    run = MlflowRun(uri, experiment, cell_id, run_dir)
-    try:
-        alive = run.client.get_run(run.run_id).info.lifecycle_stage == "active"
-    except Exception:  # RESOURCE_DOES_NOT_EXIST
-        alive = False
-    if not alive:
-        if run_dir is not None:
-            layout.mlflow_marker(run_dir).unlink(missing_ok=True)
-        run = MlflowRun(uri, experiment, cell_id, run_dir)
-    return run
+    return MlflowRun(uri, experiment, cell_id, run_dir)
+
+
+def status_from_files(src: Source, rows: Sequence[dict[str, Any]], created: bool) -> str | None:
+    """The status ingest gives a run (the policy in ``aggbench.tracking``), or None to leave it:
+    FINISHED for a base model's run and for a cell whose files hold its last step; SCHEDULED for
+    a cell's run this ingest created while the cell is unfinished (no trainer logs to it)."""
+    if src.kind != "cell" or (rows and src.committed_step(rows) >= src.total_steps):
+        return "FINISHED"
+    return "SCHEDULED" if created else None
 
 
 def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
@@ -159,7 +159,8 @@ def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
     from aggbench.evaluation.mlflow import log_eval_metrics
 
     run = open_run(uri, experiment, src.cell_id, src.run_dir)
-    have = run.client.get_run(run.run_id).data.tags
+    before = run.client.get_run(run.run_id)
+    have = before.data.tags
     changed = {k: v for k, v in src.tags.items() if have.get(k) != v}
     if changed:
         run.set_tags(changed)
@@ -171,6 +172,9 @@ def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
             src.run_dir, src.cell_id, step, by_bench, tracking_uri=uri, experiment=experiment
         )
         eval_values += len(res["logged"])
+    status = status_from_files(src, rows, run.created)
+    if status is not None and status != before.info.status:
+        run.set_status(status)
     return {
         "cell_id": src.cell_id,
         "run_id": run.run_id,

@@ -15,7 +15,10 @@ Design decisions, stated first:
    uninterrupted run, on CPU bit for bit.
 5. ``metrics.jsonl`` is the source of truth, one line per finished step, cut back to the
    checkpoint's step on resume. MLflow receives a step only after the checkpoint containing it
-   committed, through an idempotent sync (``aggbench.tracking``): no step is lost or doubled.
+   committed, through an idempotent sync (``aggbench.tracking``): no step is lost or doubled. The
+   run's params are the resolved config, checked against the run's before anything is written; its
+   status says how the segment ended (RUNNING, SCHEDULED between segments, FINISHED, KILLED on
+   SIGTERM, FAILED on an error: ``tracking``'s docstring).
 6. Crash tests inject faults at named points: ``AGGBENCH_FAULT=<point>:<step>`` makes the process
    die with ``os._exit`` (no cleanup, like a kill) at ``mid_step``, ``after_metrics`` or
    ``checkpoint_write``.
@@ -42,11 +45,18 @@ import torch
 
 from aggbench import layout
 from aggbench.aggregation import load_plugins, make_instance
-from aggbench.config import TrainConfig, check_resume, dump_config
+from aggbench.config import (
+    TrainConfig,
+    check_resume,
+    dump_config,
+    flat_config,
+    resume_mutable,
+    resume_refused,
+)
 from aggbench.data.training import read_training_records
 from aggbench.files import write_atomic
 from aggbench.modeldir import loading, require_positions, require_weights
-from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_tags
+from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_status, run_tags
 from aggbench.train import batching, checkpoint, engine_checks, parallel, prompt_fit, sampling, step_log
 from aggbench.train.advantages import get_advantage
 from aggbench.train.global_batch import gather_minibatch
@@ -84,12 +94,14 @@ def _device_and_dtype(cfg: TrainConfig, ranks: parallel.Ranks) -> tuple[torch.de
 class Prepared:
     """What is checked before the run directory, its lock or a model exist (bad input fails first):
     the plugin files (hashed into the run's tags), the rule instance, the advantage estimator, and
-    the training records (None when nothing is left to train: they are read later if needed)."""
+    the training records (None when nothing is left to train: they are read later if needed), and
+    whether a changed config may continue the run (``--allow-config-change``)."""
 
     plugin_files: list[Path]
     rule: Any
     estimator: Any
     records: list[dict] | None
+    allow_change: bool = False
 
 
 @dataclass
@@ -136,7 +148,7 @@ def train(
         checkpoint.check_rule_version(out, rule)
     last = min(until_step or a.total_steps, a.total_steps)
     records = _check_inputs(cfg, start) if start < last else None
-    prep = Prepared(plugin_files, rule, estimator, records)
+    prep = Prepared(plugin_files, rule, estimator, records, allow_config_change)
     ranks = parallel.setup(cfg)
     try:
         with parallel.run_lock(out, ranks):  # creates the run directory
@@ -169,8 +181,58 @@ def _check_inputs(cfg: TrainConfig, start: int) -> list[dict]:
     return records
 
 
+def open_tracker(cfg: TrainConfig, out: Path, *, allow_change: bool = False) -> MlflowRun:
+    """The cell's MLflow run with its params: the resolved config (``flat_config``) but the fields a
+    resume may change, which are tags (they change with it; MLflow params cannot).
+
+    A run that already holds other values (found by its cell id: a resume, or a new --out under the
+    same cell id and experiment) is refused with the config-change error, before anything is written;
+    with ``allow_change`` the run keeps its first values and the tag ``aggbench.config_changes`` says
+    what changed, at which checkpoint.
+    """
+    uri = resolve_tracking_uri(cfg.tracking.tracking_uri, out)
+    tracker = MlflowRun(uri, cfg.tracking.experiment, cfg.resolved_cell_id, out)
+    flat = flat_config(cfg)
+    params = {k: v for k, v in flat.items() if not resume_mutable(k)}
+    diff = tracker.param_conflicts(params)
+    if diff and not allow_change:
+        where = f"MLflow run {tracker.run_id} ({cfg.resolved_cell_id}, experiment {cfg.tracking.experiment})"
+        fix = (
+            "restore those values; or give this cell another cell_id or tracking.experiment, or delete "
+            "that MLflow run (`aggbench ingest` fills a new one from the run files); or pass "
+            "--allow-config-change to continue the run on purpose (its params keep the first values)."
+        )
+        raise resume_refused(where, diff, fix)
+    tracker.log_params(params)  # those the run lacks: a changed value is never sent
+    tags = {k: v for k, v in flat.items() if resume_mutable(k)}
+    if diff:
+        start = checkpoint.latest_resumable(out) or 0
+        log.warning("%s: MLflow params kept; changed: %s", cfg.resolved_cell_id, "; ".join(diff))
+        tags["aggbench.config_changes"] = f"at step {start}: " + "; ".join(diff)
+    tracker.set_tags(tags)
+    return tracker
+
+
 def _train_locked(
     cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: parallel.Ranks, prep: Prepared
+) -> dict:
+    """One segment under the run lock; on rank 0 the MLflow run's status follows it (``run_status``)."""
+    tracker = None
+    if cfg.tracking.enabled and ranks.main:  # before config.resolved.yaml is rewritten
+        tracker = open_tracker(cfg, out, allow_change=prep.allow_change)
+    reached = max(checkpoint.latest_resumable(out) or 0, last)
+    with run_status(tracker, "FINISHED" if reached >= cfg.algorithm.total_steps else "SCHEDULED"):
+        return _train_segment(cfg, out, last, quiet, ranks, prep, tracker)
+
+
+def _train_segment(
+    cfg: TrainConfig,
+    out: Path,
+    last: int,
+    quiet: bool,
+    ranks: parallel.Ranks,
+    prep: Prepared,
+    tracker: MlflowRun | None,
 ) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -230,10 +292,7 @@ def _train_locked(
     metrics_log = MetricsLog(out / "metrics.jsonl")
     if main:
         metrics_log.truncate_after(start)
-    tracker = None
-    if cfg.tracking.enabled and main:
-        uri = resolve_tracking_uri(cfg.tracking.tracking_uri, out)
-        tracker = MlflowRun(uri, cfg.tracking.experiment, cfg.resolved_cell_id, out)
+    if tracker is not None:
         tracker.set_tags(run_tags(cfg, prep.plugin_files))
         tracker.sync(metrics_log.read(), upto=start)  # fills in steps a crash kept from MLflow
 
@@ -328,8 +387,6 @@ def _train_locked(
                     tracker.sync(metrics_log.read(), upto=step)
             if main:
                 step_log.report(bar, quiet, cfg.resolved_cell_id, row, a.total_steps)
-        if tracker is not None and last == a.total_steps:
-            tracker.set_terminated("FINISHED")
     finally:
         reward_fn.close()
         if hasattr(engine, "close"):  # vLLM: before the process group goes (VLLMEngine.close)

@@ -1,0 +1,216 @@
+"""A cell's MLflow run as researchers use it: the resolved config as params, checked on resume; a
+status that says how training ended (SCHEDULED between segments, FINISHED, FAILED, KILLED on
+SIGTERM); the experiment tagged for MLflow 3's runs view. Real MLflow, SQLite stores under tmp."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.entities import Param
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from aggbench.config import PARAM_VALUE_LIMIT, TrainConfig, flat_config, load_train_config, resume_mutable
+from aggbench.config_errors import ConfigError
+from aggbench.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MlflowRun
+from aggbench.train import loop
+from helpers import report_fixtures as rf
+from helpers.tiny_models import tiny_model_for_tests
+from helpers.trainer_support import metrics_rows, write_cell
+
+
+@pytest.fixture
+def uri(tmp_path) -> str:
+    """A migrated, empty SQLite store (a copy: MLflow's migrations take seconds)."""
+    shutil.copy(rf.empty_store(), tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory) -> Path:
+    """The untrained tiny model (about a second): these tests check bookkeeping, not learning."""
+    return tiny_model_for_tests(tmp_path_factory.mktemp("untrained"))
+
+
+def _cfg(uri: str, **over) -> TrainConfig:
+    data = {
+        "model": {"path": "/models/tiny"},
+        "dataset": {"path": "/data/train.jsonl"},
+        "aggregation": {"name": "balanced_batch", "rule": "balanced", "params": {"scope": "batch"}},
+        "tracking": {"tracking_uri": uri, "experiment": "params"},
+    }
+    for dotted, value in over.items():
+        *parents, leaf = dotted.split(".")
+        node = data
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return TrainConfig.model_validate(data)
+
+
+def _run(uri: str, experiment: str, cell: str):
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    (run,) = client.search_runs([exp.experiment_id], filter_string=f"tags.`aggbench.cell_id` = '{cell}'")
+    return run
+
+
+# --------------------------------------------------------------------------- params
+
+
+def test_flat_config_names_values_and_limit():
+    cfg = _cfg(None, **{"algorithm.lr": 3e-4, "model.system_prompt": "x" * (PARAM_VALUE_LIMIT + 50)})
+    flat = flat_config(cfg)
+    assert flat["aggregation"] == "balanced_batch" and "aggregation.name" not in flat
+    assert flat["aggregation.rule"] == "balanced" and flat["aggregation.params.scope"] == "batch"
+    assert flat["algorithm.lr"] == "0.0003" and flat["sampling.temperature"] == "1.0"
+    assert flat["algorithm.betas"] == "[0.9, 0.999]" and flat["model.stop_tokens"] == "[]"
+    assert flat["algorithm.dual_clip"] == "null" and flat["algorithm.dynamic_sampling"] == "false"
+    assert flat["algorithm.overlong.buffer"] == "0" and flat["dataset.prompt_template"] == "{prompt}"
+    assert flat["model.system_prompt"] == "x" * PARAM_VALUE_LIMIT
+    assert all(isinstance(v, str) for v in flat.values()) and list(flat) == sorted(flat)
+
+
+def test_more_params_than_one_batch_are_all_logged(uri, monkeypatch):
+    run = MlflowRun(uri, "batches", "many", None)
+    store = run.client._tracking_client.store
+    # the store takes at most 100 params per log_batch (MLflow's client splits larger calls too)
+    with pytest.raises(MlflowException, match="at most 100 params"):
+        store.log_batch(run.run_id, metrics=[], params=[Param(f"p{i}", "v") for i in range(101)], tags=[])
+    sizes = []
+    real = store.log_batch
+
+    def recording(run_id, metrics, params, tags):  # the real store, calls recorded
+        sizes.append(len(params))
+        return real(run_id, metrics=metrics, params=params, tags=tags)
+
+    monkeypatch.setattr(store, "log_batch", recording)
+    params = {f"section.key_{i:03d}": str(i) for i in range(250)}
+    assert run.log_params(params) == 250
+    assert sizes == [100, 100, 50]
+    assert run.client.get_run(run.run_id).data.params == params
+    assert run.log_params(params) == 0 and sizes == [100, 100, 50]  # already there: nothing sent
+    assert run.param_conflicts(params) == []
+    assert run.param_conflicts({**params, "section.key_007": "x"}) == ["section.key_007: '7' -> 'x'"]
+
+
+def test_cell_params_are_the_config_without_what_a_resume_may_change(uri, tmp_path):
+    cfg = _cfg(uri)
+    run = loop.open_tracker(cfg, tmp_path / "run")
+    got = run.client.get_run(run.run_id).data
+    assert got.params["aggregation"] == "balanced_batch" and got.params["algorithm.lr"] == "1e-06"
+    assert got.params["sampling.temperature"] == "1.0" and got.params["aggregation.params.scope"] == "batch"
+    # fields a resume may change (RESUME_MUTABLE) are tags, which can change with them
+    for key in ("algorithm.total_steps", "model.path", "tracking.experiment", "checkpoint.every"):
+        assert key not in got.params
+    assert got.tags["algorithm.total_steps"] == "20" and got.tags["model.path"] == "/models/tiny"
+    assert set(got.params) == {k for k in flat_config(cfg) if not resume_mutable(k)}
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("params").experiment_id
+    found = client.search_runs([exp], filter_string="params.aggregation = 'balanced_batch'")
+    assert [r.info.run_id for r in found] == [run.run_id]
+    assert client.search_runs([exp], filter_string="params.aggregation = 'balanced'") == []
+
+
+def test_resume_with_the_same_config_passes_and_a_changed_param_is_refused(uri, tmp_path):
+    first = loop.open_tracker(_cfg(uri, **{"algorithm.total_steps": 4}), tmp_path / "run")
+    # the same config (a resume may lengthen the run: total_steps is a tag, not a param)
+    again = loop.open_tracker(_cfg(uri, **{"algorithm.total_steps": 8}), tmp_path / "run")
+    assert again.run_id == first.run_id
+    assert again.client.get_run(first.run_id).data.tags["algorithm.total_steps"] == "8"
+    # another --out for the same cell id and experiment finds the same MLflow run by its tag
+    with pytest.raises(ConfigError) as err:
+        loop.open_tracker(_cfg(uri, **{"algorithm.lr": 1e-3}), tmp_path / "elsewhere")
+    msg = str(err.value)
+    assert "was trained with a different config; resuming would mix two experiments" in msg
+    assert "algorithm.lr: '1e-06' -> '0.001'" in msg and first.run_id in msg
+    assert "--allow-config-change" in msg
+    params = first.client.get_run(first.run_id).data.params
+    assert params["algorithm.lr"] == "1e-06"  # nothing was changed
+    # on purpose: the run keeps its first values and says what changed
+    kept = loop.open_tracker(_cfg(uri, **{"algorithm.lr": 1e-3}), tmp_path / "elsewhere", allow_change=True)
+    data = kept.client.get_run(kept.run_id).data
+    assert kept.run_id == first.run_id and data.params["algorithm.lr"] == "1e-06"
+    assert data.tags["aggbench.config_changes"] == "at step 0: algorithm.lr: '1e-06' -> '0.001'"
+
+
+def test_experiment_is_tagged_for_the_runs_view(uri):
+    client = MlflowClient(tracking_uri=uri)
+    MlflowRun(uri, "fresh", "a", None)
+    assert client.get_experiment_by_name("fresh").tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    assert EXPERIMENT_KIND == "custom_model_development"
+    old = client.create_experiment("older")  # made without the tag (an earlier aggbench, by hand)
+    assert EXPERIMENT_KIND_TAG not in client.get_experiment(old).tags
+    MlflowRun(uri, "older", "a", None)
+    assert client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    chosen = client.create_experiment("chosen", tags={EXPERIMENT_KIND_TAG: "finetuning"})
+    MlflowRun(uri, "chosen", "a", None)
+    assert client.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "finetuning"  # a user's choice stays
+
+
+# --------------------------------------------------------------------------- status
+
+
+def test_segments_are_scheduled_then_finished(uri, tmp_path, untrained, tiny_train_data):
+    cfg = load_train_config(
+        write_cell(tmp_path / "cell.yaml", untrained, tiny_train_data, steps=2, every=1, tracking_uri=uri)
+    )
+    out = tmp_path / "run"
+    loop.train(cfg, out, until_step=1, quiet=True)
+    run = _run(uri, "test", cfg.resolved_cell_id)
+    assert run.info.status == "SCHEDULED"  # between segments: more to come, nothing trains it
+    assert run.data.params["aggregation"] == "balanced"
+    loop.train(cfg, out, quiet=True)
+    assert _run(uri, "test", cfg.resolved_cell_id).info.status == "FINISHED"
+    loop.train(cfg, out, quiet=True)  # nothing left to train: still FINISHED
+    assert _run(uri, "test", cfg.resolved_cell_id).info.status == "FINISHED"
+
+
+def test_an_exception_marks_the_run_failed(uri, tmp_path, untrained, tiny_train_data, monkeypatch):
+    cfg = load_train_config(
+        write_cell(tmp_path / "cell.yaml", untrained, tiny_train_data, steps=2, every=2, tracking_uri=uri)
+    )
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(loop.step_log, "report", boom)
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(RuntimeError, match="injected"):
+        loop.train(cfg, tmp_path / "run", quiet=True)
+    run = _run(uri, "test", cfg.resolved_cell_id)
+    assert run.info.status == "FAILED" and run.info.end_time is not None
+    assert signal.getsignal(signal.SIGTERM) is handler  # the trainer's handler is gone again
+
+
+def test_sigterm_marks_the_run_killed_and_exits_nonzero(uri, tmp_path, untrained, tiny_train_data):
+    cell = write_cell(
+        tmp_path / "cell.yaml", untrained, tiny_train_data, steps=200, every=100, tracking_uri=uri
+    )
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "aggbench.cli", "train", "--config", str(cell), "--out", str(out), "--quiet"]
+    env = {k: v for k, v in os.environ.items() if k != "AGGBENCH_FAULT"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not ((out / "metrics.jsonl").exists() and metrics_rows(out)):  # inside the training loop
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no training step within 4 minutes"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert len(metrics_rows(out)) < 200, "training was not interrupted"
+    run = _run(uri, "test", "tiny__tiny__balanced__s0")
+    assert run.info.status == "KILLED" and run.info.end_time is not None
