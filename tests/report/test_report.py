@@ -243,7 +243,7 @@ def test_summary_tables_load_back_as_mlflow_tables(reported, monkeypatch):
     run_id = runs[summary_id("synth")].info.run_id
     last = mlflow.load_table("tables/last.json", run_ids=[run_id])
     want = read_csv(out / "last.csv")
-    assert len(last) == len(want) == len(ROWS) * len(COLUMNS)
+    assert len(last) == len(want) == len(ROWS) * (len(COLUMNS) + 1)  # and the drop column
     assert list(last.columns) == list(next(iter(want.values())))
     got = {(r.table, r.row, r.column): r for r in last.itertuples()}
     assert set(got) == set(want)
@@ -251,6 +251,7 @@ def test_summary_tables_load_back_as_mlflow_tables(reported, monkeypatch):
     cell = got[("last", "balanced", "tiny_test")]
     assert cell.mean == pytest.approx(60.0) and cell.std == pytest.approx(14.142136) and cell.step == 12
     assert cell.n_seeds == 2 and cell.kind == "rule"
+    assert (cell.interval, cell.ci_high) == ("t", pytest.approx(60.0 + 12.7062047 * 20 / 2, abs=1e-4))
     peak = mlflow.load_table("tables/peak.json", run_ids=[run_id])
     assert set(peak["table"]) == {"peak_per_benchmark", "peak_best_average"}
     assert len(peak) == len(read_csv(out / "peak.csv"))
