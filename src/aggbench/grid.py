@@ -190,6 +190,10 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
     for name, m in exp["models"].items():
         if m.get("path") and not Path(m["source"]).is_dir():
             problems.append(f"models.{name}.source: local model directory {m['source']!r} does not exist")
+        if m.get("task") and m["source"] != "tiny":
+            problems.append(
+                f"models.{name}.task: applies to source 'tiny' only (the warm start), not {m['source']!r}"
+            )
     if not problems:
         cfg = None
         try:

@@ -268,21 +268,28 @@ def prepare_model(
     sft_steps: int | None = None,
     worked_fraction: float | None = None,
     verbosity: int | None = None,
+    gap: str | None = None,
+    spread: str | None = None,
     probe_prompts: int = 32,
     config_overrides: dict[str, Any] | None = None,
     force: bool = False,
     quiet: bool = False,
 ) -> dict[str, Any] | None:
     """Prepare ``name`` in ``out_dir`` (see ``aggbench prepare-model``); returns what was recorded in
-    its ``aggbench_model.json``, or None when ``out_dir`` already held this request (nothing done)."""
+    its ``aggbench_model.json``, or None when ``out_dir`` already held this request (nothing done).
+
+    The tiny model's record holds its task config (``task``); the lab knobs ``gap`` and ``spread``
+    appear there only when they differ from the default task, so directories prepared before the
+    knobs existed still match a default request.
+    """
     from aggbench.tiny.model import DEFAULT_SFT_STEPS  # cheap: torch is imported lazily there
     from aggbench.tiny.task import TaskConfig
 
     out_dir = Path(out_dir)
-    overrides = {"worked_fraction": worked_fraction, "verbosity": verbosity}
+    overrides = {"worked_fraction": worked_fraction, "verbosity": verbosity, "gap": gap, "spread": spread}
     task = replace(TaskConfig(), **{k: v for k, v in overrides.items() if v is not None})
     sft_steps = DEFAULT_SFT_STEPS if sft_steps is None else sft_steps
-    task_fields = asdict(task)
+    task_fields = {k: v for k, v in asdict(task).items() if k not in ("gap", "spread") or k in task.knobs()}
     request = _request(name, revision, seed, sft_steps, task_fields, config_overrides or {})
     if _check_existing(out_dir, request, force):
         return None

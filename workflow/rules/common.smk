@@ -198,6 +198,8 @@ def prepare_model_args(model):
     if m["source"] == "tiny":
         if m.get("sft_steps") is not None:
             args += ["--sft-steps", str(m["sft_steps"])]
+        for key, value in sorted((m.get("task") or {}).items()):
+            args += [f"--{key.replace('_', '-')}", str(value)]
     elif m.get("revision") and not m.get("path"):
         args += ["--revision", m["revision"]]
     for key, value in sorted(m.get("config_overrides", {}).items()):

@@ -24,7 +24,7 @@ import click
 from aggbench.cli.common import click_errors
 from aggbench.modeldir import TINY
 from aggbench.tiny.model import DEFAULT_SFT_BATCH, DEFAULT_SFT_STEPS  # cheap: torch is imported lazily there
-from aggbench.tiny.task import TaskConfig
+from aggbench.tiny.task import GAPS, SPREADS, TaskConfig
 
 
 def parse_overrides(items: tuple[str, ...]) -> dict:
@@ -40,6 +40,18 @@ def parse_overrides(items: tuple[str, ...]) -> dict:
         except ValueError:
             out[key.strip()] = value
     return out
+
+
+def _task_option(field: str, kind: click.ParamType, help: str):
+    """``--FIELD`` for a field of the tiny task's config (None: the field's default)."""
+    flag = "--" + field.replace("_", "-")
+    return click.option(
+        flag,
+        field,
+        default=None,
+        type=kind,
+        help=f"Tiny model: {help} [default: {getattr(TaskConfig, field)}]",
+    )
 
 
 def _fmt(x: float | None) -> str:
@@ -66,18 +78,20 @@ def _fmt(x: float | None) -> str:
     help=f"Tiny model: warm-start steps (batch {DEFAULT_SFT_BATCH}); 0 leaves it untrained. "
     f"[default: {DEFAULT_SFT_STEPS}]",
 )
-@click.option(
-    "--worked-fraction",
-    default=None,
-    type=click.FloatRange(0.0, 1.0),
-    help="Tiny model: share of worked (long) answers in the warm-start data. "
-    f"[default: {TaskConfig.worked_fraction}]",
+@_task_option(
+    "worked_fraction", click.FloatRange(0.0, 1.0), "share of worked (long) answers in the warm-start data."
 )
-@click.option(
-    "--verbosity",
-    default=None,
-    type=click.IntRange(0, 2),
-    help=f"Tiny model: worked-line format 0/1/2, i.e. the length gap. [default: {TaskConfig.verbosity}]",
+@_task_option("verbosity", click.IntRange(0, 2), "worked-line format 0/1/2, i.e. the length gap.")
+@_task_option(
+    "gap",
+    click.Choice(GAPS),
+    "which style is long, the mostly right worked answers (positive) or the mostly wrong guesses, "
+    "padded with filler lines (negative).",
+)
+@_task_option(
+    "spread",
+    click.Choice(SPREADS),
+    "high opens a share of the answers (either style) with a padding block, spreading the lengths.",
 )
 @click.option(
     "--probe-prompts",
@@ -106,6 +120,8 @@ def command(
     sft_steps,
     worked_fraction,
     verbosity,
+    gap,
+    spread,
     probe_prompts,
     config_override,
     force,
@@ -128,6 +144,8 @@ def command(
         sft_steps=sft_steps,
         worked_fraction=worked_fraction,
         verbosity=verbosity,
+        gap=gap,
+        spread=spread,
         probe_prompts=probe_prompts,
         config_overrides=parse_overrides(config_override),
         force=force,

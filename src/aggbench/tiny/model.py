@@ -28,16 +28,17 @@ test plumbing.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from aggbench.tiny.task import BOX, TaskConfig, make_task, sft_examples, task_reward
+from aggbench.tiny.task import BOX, TaskConfig, make_task, response_style, sft_examples, task_reward
 
 PAD, BOS, EOS, UNK = "<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
@@ -190,53 +191,89 @@ def sft_warm_start(
 ) -> list[float]:
     """Supervised warm start on the task's worked + guess answers; saves the model back in place.
 
-    The first ``worked_only_fraction`` of the steps see worked answers only (the skill: copying
-    and looking up letters in context, which forms abruptly after ~200-300 steps); the rest see
-    the ``task.worked_fraction`` mix, which sets how often the warmed-up policy guesses. Loss is
-    on the assistant tokens (answer + eos) only, with prompts rendered through the chat template
-    exactly as at RL time. Plain AdamW; linear warm-up over 5% of the steps, constant, then
-    cosine decay to 10% of ``lr`` over the last 40%. Deterministic on CPU: same seed and
-    settings, same weights. Returns the per-step losses.
+    The first ``worked_only_fraction`` of the steps see worked answers only, without the lab knobs'
+    text (the skill: copying and looking up letters in context, which forms abruptly after
+    ~200-300 steps; the same for every ``gap``/``spread`` setting, so the lab's models share it
+    exactly, see :func:`aggbench.tiny.lab.warm_start_settings`); the rest see the
+    ``task.worked_fraction`` mix under the task's knobs, which sets how often the warmed-up policy
+    guesses and how long each style is. Loss is on the assistant tokens (answer + eos) only, with
+    prompts rendered through the chat template exactly as at RL time. Plain AdamW; linear warm-up
+    over 5% of the steps, constant, then cosine decay to 10% of ``lr`` over the last 40%.
+    Deterministic on CPU: same seed and settings, same weights. Returns the per-step losses.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model_dir = Path(model_dir)
+    state = SftState.start(model_dir, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
     task = task or TaskConfig()
-    worked_only = replace(task, worked_fraction=1.0)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.train()
-    torch.manual_seed(seed)
-    rng = random.Random(f"tiny-sft-{seed}")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
-    warmup, decay_from = max(1, steps // 20), int(0.6 * steps)
+    skill_steps = math.ceil(worked_only_fraction * steps)
+    state.run(skill_task(task), range(skill_steps), progress=progress)
+    state.run(task, range(skill_steps, steps), progress=progress)
+    state.model.save_pretrained(model_dir)
+    return state.losses
 
-    def lr_at(step: int) -> float:
+
+def skill_task(task: TaskConfig) -> TaskConfig:
+    """The warm start's first phase: worked answers only, no lab knobs."""
+    return replace(task, worked_fraction=1.0, gap=TaskConfig.gap, spread=TaskConfig.spread)
+
+
+@dataclass
+class SftState:
+    """A warm start in progress (model, tokenizer, optimizer, example stream, losses), so that runs
+    which share their first steps can share them (:meth:`fork`)."""
+
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    rng: random.Random
+    steps: int
+    batch_size: int
+    lr: float
+    losses: list[float] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, model_dir: str | Path, *, steps: int, batch_size: int, lr: float, seed: int) -> SftState:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model.train()
+        torch.manual_seed(seed)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+        return cls(model, tokenizer, optimizer, random.Random(f"tiny-sft-{seed}"), steps, batch_size, lr)
+
+    def fork(self) -> SftState:
+        """An independent copy: continuing it gives what continuing this one would."""
+        model, optimizer = copy.deepcopy((self.model, self.optimizer))  # together: shared parameters
+        rng = random.Random()
+        rng.setstate(self.rng.getstate())
+        return replace(self, model=model, optimizer=optimizer, rng=rng, losses=list(self.losses))
+
+    def lr_at(self, step: int) -> float:
+        warmup, decay_from = max(1, self.steps // 20), int(0.6 * self.steps)
         if step < warmup:
-            return lr * (step + 1) / warmup
+            return self.lr * (step + 1) / warmup
         if step < decay_from:
-            return lr
-        frac = (step - decay_from) / max(1, steps - decay_from)
-        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+            return self.lr
+        frac = (step - decay_from) / max(1, self.steps - decay_from)
+        return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
-    losses: list[float] = []
-    bar = _progress(range(steps), desc="warm start", enabled=progress)
-    for step in bar:
-        cfg = worked_only if step < worked_only_fraction * steps else task
-        input_ids, attention_mask, labels = sft_batch(tokenizer, sft_examples(rng, cfg, batch_size))
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step)
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
-        if hasattr(bar, "set_postfix"):
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-    model.save_pretrained(model_dir)
-    return losses
+    def run(self, task: TaskConfig, steps: range, *, progress: bool = False) -> None:
+        import torch
+
+        bar = _progress(steps, desc="warm start", enabled=progress)
+        for step in bar:
+            batch = sft_examples(self.rng, task, self.batch_size)
+            input_ids, attention_mask, labels = sft_batch(self.tokenizer, batch)
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr_at(step)
+            loss = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+            self.losses.append(loss.item())
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{self.losses[-1]:.3f}", refresh=False)
 
 
 def _progress(iterable, *, desc: str, enabled: bool):
@@ -294,7 +331,7 @@ def probe_accuracy(
     """Sampled accuracy and response lengths on test prompts: the warm start's report card.
 
     Returns accuracy, mean_len_correct, mean_len_incorrect (tokens incl. eos; None when empty),
-    guess_fraction (responses that open with the box), and the counts.
+    guess_fraction (responses without a hop line, see ``task.response_style``), and the counts.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -314,7 +351,7 @@ def probe_accuracy(
     rewards = [task_reward(t, a) for t, a in zip(texts, answers, strict=True)]
     right = [n for n, r in zip(lengths, rewards, strict=True) if r > 0]
     wrong = [n for n, r in zip(lengths, rewards, strict=True) if r == 0]
-    is_guess = [t.lstrip().startswith(BOX) for t in texts]
+    is_guess = [response_style(t) == "guess" for t in texts]
     by_style = {
         style: [r for r, g in zip(rewards, is_guess, strict=True) if g == (style == "guess")]
         for style in ("guess", "worked")

@@ -24,6 +24,25 @@ and the wrong ones mostly guesses (short), for as long as the policy still guess
 sign-length gap lasts, and its size is set by ``verbosity`` (tokens per worked line) and the hop
 count. The mix after the warm start, and so the starting accuracy, is set by ``worked_fraction``.
 
+Two knobs of the warm start make a controlled length-bias lab (``gap`` x ``spread``, each default
+today's task). Both only add text that needs no computing (the worked lines, the skill, are the
+same in every setting, so accuracy stays about the same), and neither touches the problems:
+``make_task``'s records and so the training set and the benchmark are the same for every setting,
+only the warm-started model differs.
+
+- ``gap="negative"``: a guess opens with numbered filler lines (``skip 0``, ``skip 1``, ...) as
+  wide as a worked line, one more of them than the longest worked answer has hop lines, so every
+  guess is longer than every worked answer and the wrong answers (mostly guesses) are the long
+  ones. ``"positive"`` (default) is the task above: the right answers are the long ones.
+- ``spread="high"``: with probability ``PAD_PROB`` an answer of either style opens with a block of
+  ``PAD_LINES`` numbered padding lines (``wait 1`` ...), drawn independently of the style, so
+  correctness does not change it. An all-or-nothing block, not a random line count, because the
+  positive-gap task's lengths are already bimodal (a length CV near 1): adding independent
+  padding raises the CV only where the padding's own CV is larger than that, and an all-or-nothing
+  block has CV sqrt((1 - q) / q) = 2.4 at q = 0.15, while a uniform line count has at most 0.58 and
+  would lower the pooled CV. A wider hop range would also spread the lengths, but it changes the
+  problems and their difficulty. ``"low"`` (default): no padding.
+
 Records use the harness's canonical form ``{"id", "prompt", "answer"}``; the prompt is the user
 message only (the chat template is applied elsewhere). Test problems come from a fixed eighth of
 the problem space (a hash of the prompt, independent of any seed) and training problems from the
@@ -39,6 +58,11 @@ from dataclasses import dataclass
 BOX = "\\boxed{"
 NODES = "abcdefghijklmnopqrstuvwxyz"
 VERBOSITY_LEVELS = (0, 1, 2)
+GAPS = ("positive", "negative")
+SPREADS = ("low", "high")
+# spread="high": the share of warm-start answers that open with the padding block, and its lines.
+PAD_PROB = 0.15
+PAD_LINES = 9
 # One in TEST_BUCKETS of all problems (by hash) is reserved for test splits.
 TEST_BUCKETS = 8
 
@@ -89,19 +113,31 @@ class Problem:
         verbosity 1: ``1) from a go to c``  (17 + 1)
         verbosity 2: ``step 1: the map sends a to c``  (27 + 1)
         """
-        if verbosity not in VERBOSITY_LEVELS:
-            raise ValueError(f"verbosity must be one of {VERBOSITY_LEVELS}, got {verbosity!r}")
         path = self.path()
-        lines = []
-        for step, (src, dst) in enumerate(zip(path, path[1:], strict=False), start=1):
-            if verbosity == 0:
-                lines.append(f"{step}) {src}>{dst}")
-            elif verbosity == 1:
-                lines.append(f"{step}) from {src} go to {dst}")
-            else:
-                lines.append(f"step {step}: the map sends {src} to {dst}")
+        lines = [
+            hop_line(step, src, dst, verbosity)
+            for step, (src, dst) in enumerate(zip(path, path[1:], strict=False), 1)
+        ]
         lines.append(self.guess_target())
         return "\n".join(lines)
+
+
+def hop_line(step: int, src: str, dst: str, verbosity: int) -> str:
+    """One line of a worked answer (see ``Problem.worked_target``)."""
+    if verbosity not in VERBOSITY_LEVELS:
+        raise ValueError(f"verbosity must be one of {VERBOSITY_LEVELS}, got {verbosity!r}")
+    if verbosity == 0:
+        return f"{step}) {src}>{dst}"
+    if verbosity == 1:
+        return f"{step}) from {src} go to {dst}"
+    return f"step {step}: the map sends {src} to {dst}"
+
+
+def _filler_lines(word: str, numbers: range, verbosity: int) -> list[str]:
+    """Lines ``WORD N`` padded with dots to a worked line's width: text a model can emit without
+    computing anything, as long per line as a hop line."""
+    width = len(hop_line(1, "a", "b", verbosity))
+    return [f"{word} {n}".ljust(width, ".") for n in numbers]
 
 
 @dataclass(frozen=True)
@@ -121,6 +157,11 @@ class TaskConfig:
         which 500 steps did not teach (worked accuracy stayed ~18%). The price of fixed letters is
         a small problem space: (n_nodes - 1)! * n_nodes * (max_hops - min_hops + 1) problems, 2160
         by default (1/8 of them test problems).
+    gap: ``"positive"`` (default: worked answers, mostly right, are the long ones) or
+        ``"negative"`` (guesses, mostly wrong, open with filler lines and are the long ones); see
+        the module docstring. A warm-start knob: the problems do not depend on it.
+    spread: ``"low"`` (default: no padding) or ``"high"`` (a share ``PAD_PROB`` of the answers, of
+        either style, open with ``PAD_LINES`` padding lines); a warm-start knob like ``gap``.
     """
 
     n_nodes: int = 6
@@ -129,6 +170,8 @@ class TaskConfig:
     worked_fraction: float = 0.35
     verbosity: int = 0
     random_letters: bool = False
+    gap: str = "positive"
+    spread: str = "low"
 
     def __post_init__(self) -> None:
         if not 3 <= self.n_nodes <= len(NODES):
@@ -141,13 +184,45 @@ class TaskConfig:
             raise ValueError(f"worked_fraction must be in [0, 1], got {self.worked_fraction!r}")
         if self.verbosity not in VERBOSITY_LEVELS:
             raise ValueError(f"verbosity must be one of {VERBOSITY_LEVELS}, got {self.verbosity!r}")
+        if self.gap not in GAPS:
+            raise ValueError(f"gap must be one of {GAPS}, got {self.gap!r}")
+        if self.spread not in SPREADS:
+            raise ValueError(f"spread must be one of {SPREADS}, got {self.spread!r}")
 
     def max_response_tokens(self) -> int:
-        """Tokens of the longest worked answer, eos included: size max_new_tokens at least this."""
+        """Tokens of the longest warm-start answer, eos included: size max_new_tokens at least this."""
         cycle = NODES[: self.n_nodes]
         mapping = tuple((c, cycle[(i + 1) % self.n_nodes]) for i, c in enumerate(cycle))
         longest = Problem(mapping=mapping, start="a", hops=self.max_hops)
-        return len(longest.worked_target(self.verbosity)) - len(BOX) + 1 + 1  # BOX is one token; eos
+        targets = [style_target(longest, self, style, padded=self.spread == "high") for style in STYLES]
+        return max(len(t) for t in targets) - len(BOX) + 1 + 1  # BOX is one token; eos
+
+    def knobs(self) -> dict[str, str]:
+        """The lab knobs that differ from the default task (empty for today's task)."""
+        return {k: getattr(self, k) for k in ("gap", "spread") if getattr(self, k) != getattr(TaskConfig, k)}
+
+
+STYLES = ("worked", "guess")
+
+
+def style_target(problem: Problem, cfg: TaskConfig, style: str, *, padded: bool = False) -> str:
+    """A warm-start answer of ``style`` under ``cfg``'s knobs; ``padded`` opens it with the
+    spread knob's padding block."""
+    if style == "worked":
+        lines = [problem.worked_target(cfg.verbosity)]
+    elif cfg.gap == "negative":
+        lines = [*_filler_lines("skip", range(cfg.max_hops + 1), cfg.verbosity), problem.guess_target()]
+    else:
+        lines = [problem.guess_target()]
+    if padded:
+        lines = _filler_lines("wait", range(1, PAD_LINES + 1), cfg.verbosity) + lines
+    return "\n".join(lines)
+
+
+def response_style(text: str) -> str:
+    """``"worked"`` when a response has a first hop line (after any padding), else ``"guess"``."""
+    starts = ("1) ", "step 1: ")
+    return "worked" if any(line.startswith(starts) for line in text.splitlines()) else "guess"
 
 
 def sample_problem(rng: random.Random, cfg: TaskConfig) -> Problem:
@@ -206,16 +281,16 @@ def make_task(
 
 def sft_examples(rng: random.Random, cfg: TaskConfig, n: int) -> list[tuple[str, str, str]]:
     """``n`` warm-start examples ``(prompt, target, style)`` from the training half; style is
-    ``"worked"`` with probability ``cfg.worked_fraction``, else ``"guess"``."""
+    ``"worked"`` with probability ``cfg.worked_fraction``, else ``"guess"``. With ``spread="high"``
+    one more draw per example decides the padding (so the default task draws exactly as before)."""
     out = []
     for _ in range(n):
         p = sample_problem(rng, cfg)
         while p.is_test():
             p = sample_problem(rng, cfg)
-        if rng.random() < cfg.worked_fraction:
-            out.append((p.prompt, p.worked_target(cfg.verbosity), "worked"))
-        else:
-            out.append((p.prompt, p.guess_target(), "guess"))
+        style = "worked" if rng.random() < cfg.worked_fraction else "guess"
+        padded = cfg.spread == "high" and rng.random() < PAD_PROB
+        out.append((p.prompt, style_target(p, cfg, style, padded=padded), style))
     return out
 
 

@@ -1,0 +1,210 @@
+"""The length-bias lab's knobs (``TaskConfig.gap`` and ``.spread``): the default task is unchanged,
+the warm-start data has the lengths the knobs promise, and (slow) the warm-started model's samples
+move the measured gap and CV in the configured direction."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import statistics
+
+import pytest
+
+from aggbench.tiny.task import (
+    BOX,
+    PAD_LINES,
+    PAD_PROB,
+    TaskConfig,
+    make_task,
+    response_style,
+    sample_problem,
+    sft_examples,
+    style_target,
+    task_reward,
+)
+
+# sha256 of make_task + sft_examples + max_response_tokens for three task configs, computed with the
+# code before the knobs existed (commit 2283147, `_digest` below run on it): the default task and
+# every existing knob draw exactly what they drew before.
+BEFORE_KNOBS = {
+    (): "9c4e9db029dd2d355f9d2f5fce995717a99cbbaf150708a3198049732d8eef7f",
+    (
+        ("verbosity", 2),
+        ("worked_fraction", 0.5),
+    ): "db6943c2556d7216f67106092025ff638c37faf23925492316de5000e263b25a",
+    (("max_hops", 6), ("min_hops", 2), ("n_nodes", 8), ("random_letters", True), ("verbosity", 1)): (
+        "0e352660dc381791696c715749e529789c3c0e4ce891a44c3bf27dbd08461144"
+    ),
+}
+
+
+def _digest(cfg: TaskConfig) -> str:
+    train, test = make_task(0, 500, 200, cfg=cfg)
+    sft = sft_examples(random.Random("tiny-sft-0"), cfg, 400)
+    blob = json.dumps([train, test, sft, cfg.max_response_tokens()], sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _tokens(text: str) -> int:
+    """Tokens of a response under the tiny tokenizer (one per character, the box one), plus eos."""
+    return len(text) - text.count(BOX) * (len(BOX) - 1) + 1
+
+
+@pytest.mark.parametrize("fields", list(BEFORE_KNOBS))
+def test_the_default_task_is_unchanged(fields):
+    assert _digest(TaskConfig(**dict(fields))) == BEFORE_KNOBS[fields]
+    assert TaskConfig().knobs() == {}
+
+
+@pytest.mark.parametrize("gap", ["positive", "negative"])
+@pytest.mark.parametrize("spread", ["low", "high"])
+def test_knobs_leave_the_problems_alone(gap, spread):
+    cfg = TaskConfig(gap=gap, spread=spread)
+    assert make_task(3, 200, 50, cfg=cfg) == make_task(3, 200, 50)
+    examples = sft_examples(random.Random(0), cfg, 200)
+    default = sft_examples(random.Random(0), TaskConfig(), 200)
+    for (prompt, target, style), (p0, _, s0) in zip(examples, default, strict=True):
+        assert style == response_style(target)  # the style is readable from the text
+        if spread == "low":  # the same draws: the same problems and styles
+            assert (prompt, style) == (p0, s0)
+        answer = target.rsplit(BOX, 1)[1].rstrip("}")
+        assert task_reward(target, answer) == 1.0  # still one box at the end
+
+
+def test_negative_gap_makes_every_guess_longer_than_every_worked_answer():
+    for verbosity in (0, 1, 2):
+        cfg = TaskConfig(gap="negative", verbosity=verbosity)
+        rng = random.Random(verbosity)
+        problems = [sample_problem(rng, cfg) for _ in range(50)]
+        worked = [_tokens(style_target(p, cfg, "worked")) for p in problems]
+        guesses = [_tokens(style_target(p, cfg, "guess")) for p in problems]
+        assert min(guesses) > max(worked)
+        assert max(guesses) == cfg.max_response_tokens()
+        # positive: the task as before, guesses are the box alone
+        assert all(
+            style_target(p, TaskConfig(verbosity=verbosity), "guess") == p.guess_target() for p in problems
+        )
+
+
+def test_high_spread_pads_either_style_at_the_configured_rate():
+    cfg = TaskConfig(spread="high")
+    examples = sft_examples(random.Random(0), cfg, 4000)
+    for style in ("worked", "guess"):
+        padded = [t.startswith("wait 1") for _, t, s in examples if s == style]
+        assert abs(statistics.mean(padded) - PAD_PROB) < 0.03  # independent of the style
+    block = [t for _, t, _ in examples if t.startswith("wait")][0].splitlines()[:PAD_LINES]
+    assert block == [f"wait {i}" for i in range(1, PAD_LINES + 1)]  # as wide as a hop line "1) a>b"
+    assert cfg.max_response_tokens() == TaskConfig().max_response_tokens() + 7 * PAD_LINES
+
+
+def test_bad_knob_values_name_the_field_and_the_choices():
+    with pytest.raises(ValueError, match=r"gap must be one of \('positive', 'negative'\), got 'longer'"):
+        TaskConfig(gap="longer")
+    with pytest.raises(ValueError, match=r"spread must be one of \('low', 'high'\), got 'wide'"):
+        TaskConfig(spread="wide")
+
+
+def test_shared_warm_starts_equal_separate_ones(tmp_path):
+    """warm_start_settings runs the knob-free skill phase once and forks it: each model is the one
+    sft_warm_start would have trained alone."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from aggbench.tiny.lab import warm_start_settings
+    from aggbench.tiny.model import build_tiny_model, sft_warm_start
+
+    settings = {"neg-high": TaskConfig(gap="negative", spread="high"), "pos-low": TaskConfig()}
+    shared = warm_start_settings(tmp_path / "shared", settings, steps=4, batch_size=4, seed=1)
+    for name, cfg in settings.items():
+        alone = build_tiny_model(tmp_path / f"alone-{name}", seed=1)
+        sft_warm_start(alone, steps=4, batch_size=4, seed=1, task=cfg, progress=False)
+        a, b = (AutoModelForCausalLM.from_pretrained(d).state_dict() for d in (shared[name], alone))
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    with pytest.raises(ValueError, match="share no skill phase"):
+        warm_start_settings(tmp_path / "x", {"a": TaskConfig(), "b": TaskConfig(n_nodes=5)}, steps=2)
+
+
+# --- the warm-started model's samples (slow) --------------------------------------------------
+
+# The lab's own warm start (configs/lab.yaml: 500 steps; 300 and 400 leave the look-up unlearned:
+# worked answers 16-40% right at 400, so the negative gap is not clear). One shared 250-step skill
+# phase, four 250-step mix phases: ~19 minutes on the shared 2-core machine. Measured with these settings (benchmarks/lab_knobs.py,
+# 16 training prompts x 8 samples, seed 0):
+#   setting    accuracy  worked/guess acc  gap (within)    CV (within)   mean len
+#   pos-low    0.40      0.97 / 0.15       +21.9 (+22.5)   1.06 (0.94)   13.8
+#   pos-high   0.42      0.85 / 0.17       +14.5 (+22.4)   1.16 (1.08)   25.2
+#   neg-low    0.45      0.96 / 0.18        -7.6 (-7.5)    0.15 (0.13)   42.1
+#   neg-high   0.41      0.85 / 0.17        -6.3 (-5.3)    0.43 (0.36)   50.6
+LAB_SFT_STEPS = 500
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    pytest.importorskip("torch")
+    import torch
+
+    from aggbench.tiny.lab import SETTINGS, measure, warm_start_settings
+
+    torch.set_num_threads(1)
+    dirs = warm_start_settings(tmp_path_factory.mktemp("lab"), SETTINGS, steps=LAB_SFT_STEPS, seed=0)
+    return {
+        name: measure(dirs[name], cfg, n_prompts=16, n_samples=8, seed=0) for name, cfg in SETTINGS.items()
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_gap_knob_sets_the_sign_of_the_measured_gap(measured):
+    for spread in ("low", "high"):
+        pos, neg = measured[f"pos-{spread}"], measured[f"neg-{spread}"]
+        assert pos["gap"] > 5 and pos["gap_within"] > 5, pos
+        assert neg["gap"] < -3 and neg["gap_within"] < -3, neg
+        for row in (pos, neg):  # the skill is learned: worked answers are mostly right, guesses not
+            assert row["accuracy_worked"] > 0.7 and row["accuracy_guess"] < 0.35, row
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_spread_knob_raises_the_measured_cv(measured):
+    for gap in ("pos", "neg"):
+        low, high = measured[f"{gap}-low"], measured[f"{gap}-high"]
+        assert high["cv"] > low["cv"] + 0.05, (low, high)
+        assert high["cv_within"] > low["cv_within"] + 0.05, (low, high)
+
+
+def test_prepare_model_records_the_knobs_and_old_directories_still_match(tmp_path):
+    from click.testing import CliRunner
+
+    from aggbench.cli import main
+
+    def prepare(out, *extra):
+        args = [
+            "prepare-model",
+            "tiny",
+            "--out",
+            str(out),
+            "--sft-steps",
+            "1",
+            "--probe-prompts",
+            "1",
+            "--quiet",
+        ]
+        return CliRunner().invoke(main, [*args, *extra], catch_exceptions=False)
+
+    lab = tmp_path / "neg-high"
+    assert prepare(lab, "--gap", "negative", "--spread", "high").exit_code == 0
+    marker = json.loads((lab / "aggbench_model.json").read_text())
+    assert marker["task"]["gap"] == "negative" and marker["task"]["spread"] == "high"
+    assert marker["max_response_tokens"] == TaskConfig(gap="negative", spread="high").max_response_tokens()
+    other = prepare(lab, "--gap", "negative")
+    assert other.exit_code != 0 and "spread" in other.output and "--force" in other.output
+    # the default task records no knobs: a directory prepared before they existed matches
+    default = tmp_path / "default"
+    assert prepare(default).exit_code == 0
+    assert "gap" not in json.loads((default / "aggbench_model.json").read_text())["task"]
+    mtime = (default / "aggbench_model.json").stat().st_mtime_ns
+    assert prepare(default, "--gap", "positive", "--spread", "low").exit_code == 0  # nothing to do
+    assert (default / "aggbench_model.json").stat().st_mtime_ns == mtime
+    bad = CliRunner().invoke(main, ["prepare-model", "tiny", "--out", str(tmp_path / "x"), "--gap", "longer"])
+    assert bad.exit_code != 0 and "'positive', 'negative'" in bad.output

@@ -1,0 +1,82 @@
+"""configs/lab.yaml, the controlled length-bias lab: its dry run is the grid the lab promises (4 knob
+settings x 3 rules x 3 seeds, each setting's knobs reaching `aggbench prepare-model`), and a 2-step
+version of it (1 seed, a few prompts) runs through Snakemake to the tables."""
+
+from __future__ import annotations
+
+import csv
+import re
+
+import pytest
+import yaml
+
+from aggbench.grid import load_experiment
+
+
+def _lab(wf):
+    return wf.REPO / "configs" / "lab.yaml"
+
+
+def test_lab_grid_is_four_knob_settings_by_three_rules_by_three_seeds(wf, tmp_path):
+    exp = load_experiment(_lab(wf))
+    assert {name: m["task"] for name, m in exp["models"].items()} == {
+        f"tiny-{g[:3]}-{s}": {"gap": g, "spread": s}
+        for g in ("positive", "negative")
+        for s in ("low", "high")
+    }
+    proc = wf.run(["-n", "-p", "--configfile", str(_lab(wf)), "--config", f"results_dir={tmp_path / 'r'}"])
+    counts = wf.job_counts(proc.stdout)
+    total = exp["training"]["algorithm"]["total_steps"]
+    segments = total // exp["training"]["checkpoint"]["every"]
+    cells = 4 * 3 * 3
+    assert counts["cell_config"] == cells and counts["train"] == cells * segments, counts
+    assert counts["prepare_model"] == 4 and counts["prepare_data"] == 1, counts  # one dataset for all four
+    # evaluation at the last step only, plus each warm start: the steps go to training
+    assert counts["generate"] == cells and counts["generate_base"] == 4, counts
+    commands = re.findall(r"aggbench prepare-model tiny [^>]*", proc.stdout)
+    assert len(commands) == 4
+    for gap in ("positive", "negative"):
+        for spread in ("low", "high"):
+            assert any(
+                f"--gap {gap} " in c and f"--spread {spread} " in c and f"tiny-{gap[:3]}-{spread} " in c
+                for c in commands
+            ), commands
+    # every setting's rollouts fit its longest warm-start answer (TaskConfig.max_response_tokens)
+    from aggbench.grid import cell_train_config
+    from aggbench.tiny.task import TaskConfig
+
+    for name, m in exp["models"].items():
+        cfg = cell_train_config(exp, f"{name}__tiny__token__s0")
+        longest = TaskConfig(**m["task"]).max_response_tokens()
+        assert longest < cfg.sampling.max_new_tokens <= exp["evaluation"]["max_tokens"], name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_a_two_step_lab_runs_to_the_tables(wf, tmp_path, tiny_model):
+    """The lab config itself, shrunk: 2 steps, 1 seed, 4 prompts x 4 samples, 2 test problems. The
+    four models are the DAG tests' shared tiny model (preparing each setting's warm start is
+    `aggbench prepare-model`'s job, tested with the knobs in tests/tiny; here the grid is)."""
+    results = tmp_path / "results"
+    over = {
+        "results_dir": str(results),
+        "seeds": [0],
+        "training": {
+            "algorithm": {"total_steps": 2, "prompts_per_step": 4, "group_size": 4, "micro_batch_size": 16},
+            "checkpoint": {"every": 2},
+        },
+        "evaluation": {"every": 2, "n": 1, "limit": 2, "base_model": False},
+    }
+    config = wf.write_config(tmp_path / "lab2.yaml", over, base=_lab(wf))
+    models = list(yaml.safe_load(config.read_text())["models"])
+    for name in models:
+        wf.populate_model(results, tiny_model, name=name)
+    wf.run(["--cores", "2", "--configfile", str(config), "--directory", str(tmp_path)], timeout=1500)
+
+    rows = list(csv.DictReader((results / "tables" / "last.csv").open()))
+    last = [r for r in rows if r["table"] == "last" and r["column"] == "tiny_test"]
+    for name in models:
+        for rule in ("token", "sequence", "balanced"):
+            assert (results / "runs" / f"{name}__tiny__{rule}__s0" / "metrics.jsonl").is_file()
+    filled = {(r["model"], r["row"]) for r in last if r["mean"] != "" and r["step"] == "2"}
+    assert filled == {(m, rule) for m in models for rule in ("token", "sequence", "balanced")}, last
