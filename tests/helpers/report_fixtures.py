@@ -207,6 +207,22 @@ def md_rows(md: str, title_part: str) -> dict[str, list[str]]:
     return out
 
 
+def ingest_and_report(config: Path, out: Path, *report_args: str) -> str:
+    """`aggbench ingest` then `aggbench report --out out` on the grid, as the report rule runs
+    them (both must succeed); returns the report's output."""
+    from click.testing import CliRunner
+
+    from aggbench.cli.report import ingest_command, report_command
+
+    runner = CliRunner()
+    res = runner.invoke(ingest_command, ["--config", str(config), "--quiet"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    args = ["--config", str(config), "--out", str(out), *report_args]
+    res = runner.invoke(report_command, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "worker":
         _worker(*sys.argv[2:])

@@ -25,7 +25,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from aggbench.cli.report import ingest_command, report_command  # noqa: E402
+from aggbench.cli.report import report_command  # noqa: E402
 from aggbench.grid import load_experiment  # noqa: E402
 from aggbench.report.collect import metric_name
 from aggbench.report.ingest import find_runs, summary_id, tracking_uri
@@ -46,13 +46,9 @@ def reported(tmp_path_factory):
     mp.delenv("MLFLOW_TRACKING_URI", raising=False)
     root = tmp_path_factory.mktemp("report")
     config = rf.make_grid(root, reported=REPORTED)
-    runner = CliRunner()
-    res = runner.invoke(ingest_command, ["--config", str(config), "--quiet"], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
     out = root / "tables"
-    res = runner.invoke(report_command, ["--config", str(config), "--out", str(out)], catch_exceptions=False)
-    assert res.exit_code == 0, res.output
-    yield config, out, res.output
+    output = rf.ingest_and_report(config, out)
+    yield config, out, output
     mp.undo()
 
 

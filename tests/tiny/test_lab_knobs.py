@@ -146,7 +146,7 @@ def measured(tmp_path_factory):
 
     from aggbench.tiny.lab import SETTINGS, measure, warm_start_settings
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(2)  # the tests run one at a time: both cores
     dirs = warm_start_settings(tmp_path_factory.mktemp("lab"), SETTINGS, steps=LAB_SFT_STEPS, seed=0)
     return {
         name: measure(dirs[name], cfg, n_prompts=16, n_samples=8, seed=0) for name, cfg in SETTINGS.items()
