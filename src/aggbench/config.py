@@ -351,14 +351,13 @@ def resume_mutable(key: str) -> bool:
 PARAM_VALUE_LIMIT = 6000
 
 
-def flat_config(cfg: TrainConfig) -> dict[str, str]:
-    """``cfg`` as MLflow params: {dotted key: text}, e.g. ``algorithm.lr: '1e-06'``, sorted by key.
-
-    ``aggregation`` is the rule instance's name (aggregation.name: what a search filters on);
+def flat_config(cfg: TrainConfig | dict[str, Any]) -> dict[str, str]:
+    """``cfg`` (or its JSON dump: config.resolved.yaml) as MLflow params: {dotted key: text}, e.g.
+    ``algorithm.lr: '1e-06'``, sorted by key. ``aggregation`` is the rule instance's name (aggregation.name: what a search filters on);
     sections and aggregation.params give dotted keys; strings are kept as they are, other values
     (numbers, true/false, null, lists) written as JSON; every value cut to PARAM_VALUE_LIMIT.
     """
-    flat = _flatten(cfg.model_dump(mode="json"))
+    flat = _flatten(cfg if isinstance(cfg, dict) else cfg.model_dump(mode="json"))
     flat["aggregation"] = flat.pop("aggregation.name")
     text = {k: v if isinstance(v, str) else json.dumps(v) for k, v in flat.items()}
     return {k: text[k][:PARAM_VALUE_LIMIT] for k in sorted(text)}

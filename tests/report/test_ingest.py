@@ -98,6 +98,30 @@ def test_ingest_rebuilds_a_deleted_store(tmp_path):
     assert json.loads(marker.read_text())["run_id"] != old_run
 
 
+def test_a_rebuilt_store_gives_cell_runs_their_params(tmp_path):
+    """A cell's params come back from its config.resolved.yaml (the trainer's copy): the UI's
+    filters work on a store rebuilt from the files too."""
+    from aggbench.config import dump_config, flat_config, resume_mutable
+    from aggbench.grid import cell_train_config
+
+    config = rf.make_grid(tmp_path)
+    exp = load_experiment(config)
+    cid = rf.cell_id("balanced", 0)
+    cfg = cell_train_config(exp, cid)
+    dump_config(cfg, tmp_path / "results" / "runs" / cid / "config.resolved.yaml")
+    run_cli(ingest_command, "--config", str(config), "--quiet")
+    client = init_store(tracking_uri(exp))
+    eid = client.get_experiment_by_name("synth").experiment_id
+    found = client.search_runs([eid], filter_string="params.aggregation = 'balanced'")
+    assert [r.data.tags["aggbench.cell_id"] for r in found] == [cid]
+    flat = flat_config(cfg)
+    assert found[0].data.params == {k: v for k, v in flat.items() if not resume_mutable(k)}
+    assert found[0].data.tags["algorithm.total_steps"] == flat["algorithm.total_steps"]
+    again = run_cli(ingest_command, "--config", str(config), "--quiet")  # nothing sent twice
+    assert "0 new training step(s)" in again.output
+    assert client.get_run(found[0].info.run_id).data.params == found[0].data.params
+
+
 def _delete_step(db: Path, run_id: str, step: int) -> int:
     with sqlite3.connect(db) as con:
         n = con.execute("DELETE FROM metrics WHERE run_uuid = ? AND step = ?", (run_id, step)).rowcount

@@ -154,6 +154,24 @@ def status_from_files(src: Source, rows: Sequence[dict[str, Any]], created: bool
     return "SCHEDULED" if created else None
 
 
+def log_cell_params(run: MlflowRun, run_dir: Path) -> int:
+    """Give a cell's run the params its trainer gives it (``config.flat_config`` of the resolved config,
+    resume-mutable fields as tags) when the run lacks them: a store rebuilt from the run files, or
+    a run this ingest created. Params the run already holds are never sent again. Returns how many."""
+    import yaml
+
+    from aggbench.config import flat_config, resume_mutable
+
+    path = run_dir / "config.resolved.yaml"
+    if not path.is_file():  # the trainer has not started this cell
+        return 0
+    flat = flat_config(yaml.safe_load(path.read_text()))
+    n = run.log_params({k: v for k, v in flat.items() if not resume_mutable(k)})
+    if n:
+        run.set_tags({k: v for k, v in flat.items() if resume_mutable(k)})
+    return n
+
+
 def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
     """Mirror one source's files into its MLflow run; returns what was logged."""
     from aggbench.evaluation.mlflow import log_eval_metrics
@@ -164,6 +182,7 @@ def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
     changed = {k: v for k, v in src.tags.items() if have.get(k) != v}
     if changed:
         run.set_tags(changed)
+    params = log_cell_params(run, src.run_dir) if src.kind == "cell" else 0
     rows = src.rows()
     steps = run.sync(rows, upto=src.committed_step(rows)) if rows else 0
     eval_values = 0
@@ -181,6 +200,7 @@ def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
         "steps": steps,
         "eval_values": eval_values,
         "tags": len(changed),
+        "params": params,
     }
 
 
