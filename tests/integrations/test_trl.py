@@ -170,12 +170,23 @@ def sqrt_length(mask, advantages, group_ids):
 '''
 
 
-@pytest.mark.timeout(900)
-def test_a_users_plugin_rule_runs_through_the_adapter(tiny_sft_model, tmp_path):
+@pytest.fixture
+def plugin_file(tmp_path):
+    """A user's rule module; its registration is removed afterwards (the registry is process-wide,
+    and other tests compare every registered rule with what fresh worker processes know)."""
+    from aggbench.aggregation.contract import RULES
+
     plugin = tmp_path / "my_rules.py"
     plugin.write_text(textwrap.dedent(PLUGIN))
+    yield plugin
+    RULES.remove("trl_test_sqrt_length")
+    sys.modules.pop("aggbench_plugin_my_rules", None)
+
+
+@pytest.mark.timeout(900)
+def test_a_users_plugin_rule_runs_through_the_adapter(tiny_sft_model, tmp_path, plugin_file):
     trainer, grads = recording_trainer(
-        tiny_sft_model, tmp_path, aggregation="trl_test_sqrt_length", plugins=[str(plugin)]
+        tiny_sft_model, tmp_path, aggregation="trl_test_sqrt_length", plugins=[str(plugin_file)]
     )
     trainer.train()
     (batch,) = trainer.batches
