@@ -5,8 +5,9 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 CONSTRAINTS ?= -c .ci/constraints.txt
 EXTRAS ?= dev,eval
-# verl's agg_loss is called directly by tests/aggregation/test_anchors.py; verl 0.9.1 imports on CPU
-# without its GPU extras (--no-deps plus ray, omegaconf, codetiming, tensordict). ANCHORS= skips it.
+# verl (tests/aggregation/test_anchors.py, tests/integrations/test_verl.py): verl 0.9.1 imports on CPU
+# without its GPU extras (--no-deps plus ray, omegaconf, hydra-core, codetiming, torchdata, peft, tensordict:
+# what its driver and actor-update modules import). ANCHORS= skips it.
 ANCHORS ?= 1
 BIN := $(VENV)/bin
 
@@ -21,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[$(EXTRAS)]" $(CONSTRAINTS)
 	if [ -n "$(ANCHORS)" ]; then \
 	    $(BIN)/pip install -q --no-deps "verl==0.9.1" && \
-	    $(BIN)/pip install -q ray omegaconf codetiming "tensordict>=0.8,<=0.10.0,!=0.9.0" $(CONSTRAINTS); \
+	    $(BIN)/pip install -q ray omegaconf hydra-core codetiming torchdata peft "tensordict>=0.8,<=0.10.0,!=0.9.0" $(CONSTRAINTS); \
 	fi
 	touch $@
 

@@ -39,16 +39,13 @@ import torch
 from torch import Tensor
 
 from aggbench.aggregation import RuleInstance, load_plugins, make_instance
+from aggbench.integrations import AdapterConfigError
 
 # The TRL releases this adapter is tested against (the `trl` extra pins the same range). Outside it
 # the adapter still runs, after a warning, as long as the private pieces it relies on keep their
 # shape (checked at construction and on every generation batch).
 TESTED_TRL = (1, 16)
 _REQUIRED_OUTPUT = ("advantages", "completion_mask", "num_items_in_batch")
-
-
-class AdapterConfigError(ValueError):
-    """A host-trainer setting under which the rule would not be exact; the message names the fix."""
 
 
 def check_args(args: Any) -> None:

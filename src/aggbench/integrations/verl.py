@@ -1,0 +1,346 @@
+"""Any aggbench aggregation rule inside verl (0.9.x), as a registered advantage estimator.
+
+    pip install "aggbench[verl]"          # registers the estimators through verl's plugin entry point
+    python -m verl.trainer.main_ppo ... \\
+        algorithm.adv_estimator=aggbench_balanced \\
+        actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum
+    python -m aggbench.integrations.verl <the same overrides>   # the refusals below, before launching
+
+Design (docs/integrations.md):
+
+- A registered policy loss cannot carry a rule: it never sees group ids (verl's
+  ``global_batch_info`` holds only dp_size, token and sequence counts). A registered advantage
+  estimator (``register_adv_est``) receives the uid index, so it can compute verl's own GRPO
+  advantages, run the rule on the whole step batch with groups = uids, and write per-token
+  effective advantages.
+- verl's ``loss_agg_mode=seq-mean-token-sum`` divides each micro-batch's token sum by the constant
+  global mini-batch size G (``ppo_mini_batch_size x rollout.n``), and FSDP averages gradients over
+  data-parallel ranks after each rank multiplies by dp_size: the optimiser step sees (1/G) x the token
+  sum over the global mini-batch, for any micro-batching or dp split. The estimator writes
+  ``B x eff`` (B: rows of the step batch). With one mini-batch per step (B = G) the step's
+  gradient is the rule's plain token sum on the whole batch: exact for every rule.
+- With k > 1 mini-batches per step, each holds G = B / k rows. A rule whose weights on a set of
+  whole groups are the whole-batch weights x (B / G) (group scope, and batch-scope ``sequence``, both
+  counting zero-advantage groups) is still exact, provided each mini-batch is a fixed set of whole
+  groups; everything that breaks that is refused (``check_config``).
+- ``token`` at its defaults is verl's own exact ``token-mean`` (global token count per
+  mini-batch): its estimator writes verl's GRPO advantages unchanged and requires that mode.
+- KL and entropy losses use the same ``loss_agg_mode`` and would inherit a rescaled sum: refused.
+- Names: ``aggbench_<instance>`` for every registered rule and built-in instance
+  (``aggbench_balanced``, ``aggbench_sequence``, ``aggbench_token``, ``aggbench_balanced_mass`` ...);
+  ``AGGBENCH_PLUGINS`` (comma-separated modules or .py files) registers users' rules first (set it in
+  Ray's ``runtime_env.env_vars`` on a multi-node cluster). verl imports plugins at debug-level
+  logging and swallows their errors, so a failed plugin import is kept and raised by the estimators
+  on first use, and ``python -m aggbench.integrations.verl`` shows it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from aggbench.aggregation import RuleInstance, builtin_instances, load_plugins
+from aggbench.integrations import AdapterConfigError
+
+# The verl releases this adapter is tested against (the `verl` extra pins the same range).
+TESTED_VERL = (0, 9)
+PREFIX = "aggbench_"
+SUM_MODE = "seq-mean-token-sum"
+TOKEN_MODE = "token-mean"
+_REGISTERED: dict[str, Any] = {}
+_LOAD_ERROR: list[BaseException] = []
+
+
+def native_token(instance: RuleInstance) -> bool:
+    """True for ``token`` at its defaults, which verl's ``token-mean`` already computes exactly."""
+    return (
+        instance.rule == "token"
+        and instance.params["scope"] == "batch"
+        and instance.params["include_zero_groups"]
+    )
+
+
+def layout_free(instance: RuleInstance) -> bool:
+    """True when the rule's weights on any set of whole groups are its whole-batch weights times
+    (batch sequences / subset sequences), so k mini-batches of whole groups need no layout."""
+    params = instance.params
+    if not params.get("include_zero_groups", False):
+        return False
+    return params.get("scope") == "group" or (instance.rule == "sequence" and params.get("scope") == "batch")
+
+
+def group_ids_of(index: Any) -> Tensor:
+    """[B] int64 group ids from verl's uid index (any hashable ids, e.g. uuid strings)."""
+    _, inverse = np.unique(np.asarray(index, dtype=object).astype(str), return_inverse=True)
+    return torch.as_tensor(inverse.reshape(-1), dtype=torch.long)
+
+
+def effective_advantages(instance: RuleInstance, advantages: Tensor, mask: Tensor, index: Any) -> Tensor:
+    """The estimator's output: ``B x`` the rule's effective advantages on the whole step batch.
+
+    advantages: [B, T] verl's GRPO advantages (constant over each response's tokens); mask: [B, T]
+    response mask; index: [B] uids. Returns [B, T] in the advantages' dtype (0 outside the mask),
+    the rule computed in float64.
+    """
+    m = mask.to(torch.float64)
+    per_seq = (advantages.to(torch.float64) * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)
+    eff = instance(m, per_seq, group_ids_of(index).to(mask.device))
+    return (eff * m.shape[0]).to(advantages.dtype)
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
+    return default if node is None else node
+
+
+def check_config(config: Any, instance: RuleInstance) -> None:
+    """Refuse, with one line naming the setting and the fix, a verl config the estimator is not exact under.
+
+    ``config``: verl's whole trainer config (the DictConfig ``main_ppo`` receives).
+    """
+    actor = "actor_rollout_ref.actor"
+    strategy = _get(config, f"{actor}.strategy", "fsdp")
+    if strategy == "megatron":
+        raise AdapterConfigError(
+            f"{actor}.strategy=megatron: Megatron scales each micro-batch's loss by its micro-batch count and the "
+            "adapter is tested on the FSDP loss path only; use the FSDP backend (actor_rollout_ref.actor.strategy=fsdp2)"
+        )
+    loss_mode = _get(config, f"{actor}.policy_loss.loss_mode", "vanilla")
+    if loss_mode != "vanilla":
+        raise AdapterConfigError(
+            f"{actor}.policy_loss.loss_mode={loss_mode}: only the clipped PPO loss ('vanilla') scales each token's "
+            f"term by its advantage's size; set {actor}.policy_loss.loss_mode=vanilla"
+        )
+    want = TOKEN_MODE if native_token(instance) else SUM_MODE
+    mode = _get(config, f"{actor}.loss_agg_mode")
+    if mode != want:
+        why = (
+            "verl's token-mean is the token rule, exactly"
+            if want == TOKEN_MODE
+            else "the estimator's advantages are scaled for it (a token sum over the global mini-batch / its constant size)"
+        )
+        raise AdapterConfigError(
+            f"{actor}.loss_agg_mode={mode} with aggbench rule {instance.name!r}: {why}; "
+            f"set {actor}.loss_agg_mode={want}"
+        )
+    entropy = float(_get(config, f"{actor}.entropy_coeff", 0.0))
+    if entropy != 0.0:
+        raise AdapterConfigError(
+            f"{actor}.entropy_coeff={entropy}: verl's entropy loss uses the same loss_agg_mode, which the rule "
+            f"changed; set {actor}.entropy_coeff=0"
+        )
+    if (
+        _get(config, f"{actor}.use_kl_loss", False)
+        and float(_get(config, f"{actor}.kl_loss_coef", 0.0)) != 0.0
+    ):
+        raise AdapterConfigError(
+            f"{actor}.use_kl_loss=true (kl_loss_coef={_get(config, f'{actor}.kl_loss_coef')}): verl's KL loss uses "
+            f"the same loss_agg_mode, which the rule changed; set {actor}.use_kl_loss=false (or algorithm.use_kl_in_reward=true)"
+        )
+    if native_token(instance):
+        return  # token-mean normalises each mini-batch by its own global token count: any layout
+    n = int(_get(config, "actor_rollout_ref.rollout.n", 1))
+    batch = int(_get(config, "data.train_batch_size")) * n
+    mini = int(_get(config, f"{actor}.ppo_mini_batch_size")) * n
+    if mini >= batch:
+        return  # one mini-batch per step: the whole batch is the mini-batch, exact in any order or split
+    one_step = f"or set {actor}.ppo_mini_batch_size=data.train_batch_size (one optimiser step per batch)"
+    k = batch // mini
+    if _get(config, f"{actor}.shuffle", False):
+        raise AdapterConfigError(
+            f"{actor}.shuffle=true with {k} mini-batches per step: shuffled mini-batches are not sets of whole "
+            f"groups; set {actor}.shuffle=false, {one_step}"
+        )
+    if _get(config, "trainer.use_v1", False):
+        raise AdapterConfigError(
+            f"trainer.use_v1=true with {k} mini-batches per step: the v1 trainer always reorders rows to balance "
+            f"tokens across ranks, splitting groups between mini-batches; set trainer.use_v1=false, {one_step}"
+        )
+    if _get(config, "trainer.balance_batch", False):
+        raise AdapterConfigError(
+            f"trainer.balance_batch=true with {k} mini-batches per step: the reordering splits groups between "
+            f"mini-batches; set trainer.balance_batch=false, {one_step}"
+        )
+    if not layout_free(instance):
+        raise AdapterConfigError(
+            f"aggbench rule {instance.name!r} ({dict(instance.params)}) with {k} mini-batches per step: its weights "
+            "depend on which groups share a mini-batch (batch scope, or include_zero_groups=false), which the "
+            f"estimator does not see; use a group-scope instance with include_zero_groups=true, {one_step}"
+        )
+    sp = int(_get(config, f"{actor}.fsdp_config.ulysses_sequence_parallel_size", 1) or 1)
+    dp = max(
+        1, int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1)) // sp
+    )
+    if (mini // dp) % n or (batch // dp) % n:
+        raise AdapterConfigError(
+            f"{actor}.ppo_mini_batch_size x rollout.n = {mini} rows over {dp} data-parallel ranks: each rank's "
+            f"slice must hold whole groups of {n}; choose ppo_mini_batch_size so that it is a multiple of {dp}, "
+            f"{one_step}"
+        )
+
+
+def _root(config: Any) -> Any:
+    """verl passes ``config.algorithm`` (an OmegaConf node); its root is the whole trainer config."""
+    getter = getattr(config, "_get_root", None)
+    if getter is None:
+        raise AdapterConfigError(
+            f"aggbench verl estimator: got config of type {type(config).__name__}, not the DictConfig node "
+            "verl's trainers pass (config.algorithm); call it through verl's compute_advantage with the trainer's config"
+        )
+    return getter()
+
+
+# ----------------------------------------------------------------------------- registration
+
+
+def make_estimator(instance: RuleInstance):
+    """verl advantage-estimator function for ``instance`` (``register_adv_est`` signature)."""
+
+    def estimator(
+        token_level_rewards: Tensor,
+        response_mask: Tensor,
+        index: Any = None,
+        config: Any = None,
+        **_: Any,
+    ) -> tuple[Tensor, Tensor]:
+        """token_level_rewards, response_mask: [B, T]; index: [B] uids -> (advantages, returns) [B, T]."""
+        if _LOAD_ERROR:
+            raise AdapterConfigError(
+                f"AGGBENCH_PLUGINS={os.environ.get('AGGBENCH_PLUGINS')!r} failed to import: {_LOAD_ERROR[0]!r}; fix "
+                "or unset it (verl hides plugin import errors; `python -m aggbench.integrations.verl` shows them)"
+            )
+        if index is None:
+            raise AdapterConfigError(
+                "aggbench verl estimator: the batch has no 'uid' (prompt groups); use verl's GRPO data flow "
+                "(rollout.n > 1 responses per prompt, uids set by the trainer)"
+            )
+        check_config(_root(config), instance)
+        from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+        grpo, _ = compute_grpo_outcome_advantage(
+            token_level_rewards,
+            response_mask,
+            index,
+            norm_adv_by_std_in_grpo=bool(config.get("norm_adv_by_std_in_grpo", True)),
+        )
+        out = grpo if native_token(instance) else effective_advantages(instance, grpo, response_mask, index)
+        return out, out
+
+    estimator.__name__ = f"{PREFIX}{instance.name}"
+    estimator.__qualname__ = estimator.__name__
+    estimator.aggbench_instance = instance  # type: ignore[attr-defined]
+    return estimator
+
+
+def register(instance: RuleInstance | str, name: str | None = None) -> str:
+    """Register ``instance`` (or a built-in instance's name) as verl estimator ``name``
+    (default ``aggbench_<instance>``); returns the name. Registering the same instance again is a no-op."""
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
+
+    inst = builtin_instances()[instance] if isinstance(instance, str) else instance
+    key = name or f"{PREFIX}{inst.name}"
+    existing = ADV_ESTIMATOR_REGISTRY.get(key)
+    if existing is not None and getattr(existing, "aggbench_instance", None) == inst:
+        _REGISTERED[key] = existing
+        return key
+    if existing is not None and hasattr(existing, "aggbench_instance"):
+        del ADV_ESTIMATOR_REGISTRY[key]  # an earlier aggbench registration of this name, other parameters
+    fn = make_estimator(inst)
+    register_adv_est(key)(fn)  # verl's own error when the name is one of verl's estimators
+    _REGISTERED[key] = fn
+    return key
+
+
+def register_all() -> list[str]:
+    """Import ``AGGBENCH_PLUGINS``, then register every rule and built-in instance; -> names."""
+    plugins = [p.strip() for p in os.environ.get("AGGBENCH_PLUGINS", "").split(",") if p.strip()]
+    try:
+        load_plugins(plugins)
+    except Exception as exc:  # kept: verl would swallow it (module docstring)
+        _LOAD_ERROR[:] = [exc]
+    return [register(inst) for inst in builtin_instances().values()]
+
+
+def _verl_available() -> bool:
+    try:
+        import verl.trainer.ppo.core_algos  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# Importing this module (verl's plugin entry point does, on `import verl`) registers the estimators;
+# run as a script, it leaves that to the imported module (one registration per process).
+if __name__ != "__main__" and _verl_available():
+    register_all()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m aggbench.integrations.verl [hydra overrides]``: is the plugin registered, and is this
+    verl config one the estimator is exact under? Prints one line per check; exit 1 on a refusal."""
+    import subprocess
+
+    argv = sys.argv[1:] if argv is None else argv
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import verl.trainer.ppo.core_algos as c; print(sorted(k for k in c.ADV_ESTIMATOR_REGISTRY "
+            f"if str(k).startswith({PREFIX!r})))",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0 or probe.stdout.strip() in ("", "[]"):
+        print(
+            f"verl did not register the aggbench estimators (entry point 'verl.plugins'): {probe.stderr.strip()[-500:]}"
+        )
+        return 1
+    print(f"registered in a fresh `import verl`: {probe.stdout.strip()}")
+    if _LOAD_ERROR:
+        print(f"AGGBENCH_PLUGINS failed to import: {_LOAD_ERROR[0]!r}")
+        return 1
+    config = compose_config(argv)
+    name = str(_get(config, "algorithm.adv_estimator"))
+    if not name.startswith(PREFIX):
+        print(
+            f"algorithm.adv_estimator={name} is not an aggbench estimator; known: {', '.join(sorted(_REGISTERED))}"
+        )
+        return 1
+    try:
+        check_config(config, _REGISTERED[name].aggbench_instance)
+    except (AdapterConfigError, KeyError) as exc:
+        print(f"refused: {exc}")
+        return 1
+    print(f"{name}: exact under this config")
+    return 0
+
+
+def compose_config(overrides: list[str]) -> Any:
+    """verl's ``ppo_trainer`` config with hydra ``overrides``, as ``main_ppo`` composes it."""
+    from pathlib import Path
+
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    config_dir = Path(verl.__file__).parent / "trainer" / "config"
+    with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
+if __name__ == "__main__":
+    from aggbench.integrations import verl as _module
+
+    sys.exit(_module.main())

@@ -1,0 +1,302 @@
+"""aggbench.integrations.verl: any rule as a verl advantage estimator, exact through verl's actor update.
+
+The gradient tests run verl's own driver and worker code on CPU (tests/helpers/verl_support.py):
+the estimator through ``compute_advantage``, the rank dispatch, each rank's mini-batch iterator,
+micro-batches and ``ppo_loss``; the result must equal aggbench's own trainer's gradient for the rule
+on each mini-batch (float64, relative 1e-6). verl's built-in ``token-mean`` and ``seq-mean-token-mean``
+run on the same batch beside them: they are the ``token`` and ``sequence`` rules, and ``balanced``
+is neither.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytest.importorskip("verl", reason="verl is installed by `make install` (ANCHORS=1, the default)")
+
+from aggbench.aggregation import make_instance  # noqa: E402
+from aggbench.integrations import AdapterConfigError  # noqa: E402
+from aggbench.integrations import verl as adapter  # noqa: E402
+from helpers import verl_support as vs  # noqa: E402
+
+SUM, TOKEN_MEAN = adapter.SUM_MODE, adapter.TOKEN_MODE
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from helpers.tiny_models import tiny_model_for_tests
+
+    return tiny_model_for_tests(tmp_path_factory.mktemp("verl-tiny"))
+
+
+def _run(model_dir, estimator, mode, mini_batches, extra=()):
+    config = adapter.compose_config(vs.overrides(estimator, mode, mini_batches=mini_batches, extra=extra))
+    model = vs.load_model(model_dir)
+    batch = vs.make_batch(model_dir)
+    vs.add_old_logprobs(model, batch)
+    batch = vs.compute_advantage(batch, config)
+    return model, batch, vs.verl_update_gradients(model, batch, config)
+
+
+CASES = [
+    # (estimator, loss_agg_mode, the aggbench instance it must equal, mini-batches per step)
+    ("aggbench_balanced", SUM, "balanced", 1),
+    ("aggbench_balanced", SUM, "balanced", 2),
+    ("aggbench_sequence", SUM, "sequence", 1),
+    ("aggbench_sequence", SUM, "sequence", 2),
+    ("aggbench_token", TOKEN_MEAN, "token", 1),
+    ("aggbench_token", TOKEN_MEAN, "token", 2),
+    ("aggbench_balanced_batch", SUM, "balanced_batch", 1),
+    ("aggbench_balanced_mass", SUM, "balanced_mass", 2),
+    # verl's own modes with its GRPO estimator, beside them: the token and sequence rules
+    ("grpo", TOKEN_MEAN, "token", 2),
+    ("grpo", "seq-mean-token-mean", "sequence", 2),
+]
+
+
+@pytest.mark.parametrize(
+    ("estimator", "mode", "rule", "k"), CASES, ids=[f"{c[0]}-{c[1]}-k{c[3]}" for c in CASES]
+)
+def test_verl_update_equals_aggbench_gradient(model_dir, estimator, mode, rule, k):
+    model, batch, steps = _run(model_dir, estimator, mode, k)
+    assert len(steps) == k
+    instance = make_instance(rule)
+    covered = []
+    for rows, grads in steps:
+        assert len(rows) == len(batch) // k
+        covered += rows
+        want = vs.aggbench_gradient(model, batch, rows, instance)
+        assert vs.relative_difference(grads, want) < 1e-6, (estimator, mode, rows)
+    assert sorted(covered) == list(range(len(batch)))
+
+
+def test_balanced_is_neither_of_verls_builtin_modes(model_dir):
+    _, _, [(_, balanced)] = _run(model_dir, "aggbench_balanced", SUM, 1)
+    for mode in (TOKEN_MEAN, "seq-mean-token-mean"):
+        _, _, [(_, builtin)] = _run(model_dir, "grpo", mode, 1)
+        assert vs.relative_difference(balanced, builtin) > 1e-2, mode
+
+
+def test_one_minibatch_is_exact_in_any_row_order(model_dir):
+    """With one mini-batch per step, verl's reorderings (balance_batch, shuffle) leave the gradient
+    unchanged: the rule was computed on the whole batch, so the adapter allows them."""
+    config = adapter.compose_config(vs.overrides("aggbench_balanced", SUM, mini_batches=1))
+    model = vs.load_model(model_dir)
+    batch = vs.make_batch(model_dir)
+    vs.add_old_logprobs(model, batch)
+    batch = vs.compute_advantage(batch, config)
+    [(_, straight)] = vs.verl_update_gradients(model, batch, config)
+    perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(3)).tolist()
+    [(_, shuffled)] = vs.verl_update_gradients(model, batch.select_idxs(perm), config)
+    assert vs.relative_difference(shuffled, straight) < 1e-9
+    for extra in (
+        ["trainer.balance_batch=true"],
+        ["actor_rollout_ref.actor.shuffle=true"],
+        ["trainer.use_v1=true"],
+    ):
+        adapter.check_config(
+            adapter.compose_config(vs.overrides("aggbench_balanced", SUM, extra=extra)),
+            make_instance("balanced"),
+        )
+
+
+def test_estimator_writes_batch_size_times_the_rule(model_dir):
+    config = adapter.compose_config(vs.overrides("aggbench_balanced", SUM))
+    batch = vs.compute_advantage(vs.make_batch(model_dir), config)
+    t = batch.batch
+    mask = t["response_mask"].bool()
+    gids = adapter.group_ids_of(batch.non_tensor_batch["uid"])
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    grpo, _ = compute_grpo_outcome_advantage(
+        t["token_level_rewards"], t["response_mask"], batch.non_tensor_batch["uid"]
+    )
+    eff = make_instance("balanced")(mask, (grpo * mask).sum(1) / mask.sum(1), gids)
+    torch.testing.assert_close(t["advantages"], eff * len(batch), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(t["returns"], t["advantages"])
+    assert float(t["advantages"][4:8].abs().max()) == 0.0  # the all-wrong group has no signal
+
+
+# ----------------------------------------------------------------------------- registration
+
+
+def _fresh(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+    )
+
+
+def test_fresh_import_verl_registers_the_estimators_through_the_entry_point():
+    code = """
+        import sys
+        import verl
+        from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+        assert "aggbench.integrations.verl" in sys.modules, "the entry point did not import the adapter"
+        fn = get_adv_estimator_fn("aggbench_balanced")
+        print(fn.aggbench_instance.rule, dict(fn.aggbench_instance.params)["scope"])
+    """
+    proc = _fresh(code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["balanced", "group"]
+    # the control: with verl's plugin discovery off, nothing registers it
+    off = _fresh(code, VERL_USE_EXTERNAL_PLUGINS="none")
+    assert off.returncode != 0 and "the entry point did not import the adapter" in off.stderr
+
+
+def test_a_verl_config_naming_it_validates():
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    config = adapter.compose_config(vs.overrides("aggbench_balanced", SUM, mini_batches=2))
+    validate_config(
+        config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+    )
+    assert not need_critic(config)  # a GRPO-style run: no value model
+    adapter.check_config(config, make_instance("balanced"))
+
+
+def test_plugin_rules_register_and_a_broken_plugin_surfaces_on_first_use(tmp_path):
+    plugin = tmp_path / "my_rules.py"
+    plugin.write_text(
+        textwrap.dedent(
+            """
+            from aggbench.aggregation import register_rule, broadcast, check_inputs
+
+            @register_rule("half_token", version="1")
+            def half_token(mask, advantages, group_ids, *, scope="group", include_zero_groups=True):
+                m = check_inputs(mask, advantages, group_ids)
+                return broadcast(0.5 * advantages / m.sum(), m)
+            """
+        )
+    )
+    ok = _fresh(
+        """
+        from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+        print(get_adv_estimator_fn("aggbench_half_token").aggbench_instance.rule)
+        """,
+        AGGBENCH_PLUGINS=str(plugin),
+    )
+    assert ok.returncode == 0 and ok.stdout.strip() == "half_token", ok.stderr[-2000:]
+    broken = tmp_path / "broken_rules.py"
+    broken.write_text("raise ImportError('no such thing')\n")
+    proc = _fresh(
+        """
+        import torch
+        from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+        fn = get_adv_estimator_fn("aggbench_balanced")
+        try:
+            fn(torch.zeros(2, 3), torch.ones(2, 3), index=["a", "a"], config=None)
+        except ValueError as exc:
+            print(exc)
+        """,
+        AGGBENCH_PLUGINS=str(broken),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "failed to import" in proc.stdout and "no such thing" in proc.stdout
+
+
+def test_cli_checks_registration_and_config():
+    good = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aggbench.integrations.verl",
+            *vs.overrides("aggbench_balanced", SUM, mini_batches=2),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert good.returncode == 0, good.stdout + good.stderr[-2000:]
+    assert "registered in a fresh `import verl`" in good.stdout and "exact under this config" in good.stdout
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "aggbench.integrations.verl",
+            *vs.overrides(
+                "aggbench_balanced", SUM, mini_batches=2, extra=["actor_rollout_ref.actor.shuffle=true"]
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 1 and "refused: actor_rollout_ref.actor.shuffle=true" in bad.stdout
+
+
+# ----------------------------------------------------------------------------- refusals
+
+A = "actor_rollout_ref.actor"
+REFUSALS = [
+    # (rule, loss_agg_mode, mini-batches, extra overrides, the setting the one-line message names)
+    ("balanced", SUM, 1, [f"{A}.strategy=megatron"], f"{A}.strategy=megatron"),
+    ("balanced", SUM, 1, [f"{A}.policy_loss.loss_mode=gspo"], f"{A}.policy_loss.loss_mode=gspo"),
+    ("balanced", TOKEN_MEAN, 1, [], f"{A}.loss_agg_mode=token-mean"),
+    ("token", SUM, 1, [], f"set {A}.loss_agg_mode=token-mean"),
+    ("balanced", SUM, 1, [f"{A}.entropy_coeff=0.001"], f"{A}.entropy_coeff=0.001"),
+    ("balanced", SUM, 1, [f"{A}.use_kl_loss=true", f"{A}.kl_loss_coef=0.001"], f"{A}.use_kl_loss=true"),
+    ("balanced", SUM, 2, [f"{A}.shuffle=true"], f"{A}.shuffle=true"),
+    ("balanced", SUM, 2, ["trainer.use_v1=true"], "trainer.use_v1=true"),
+    ("balanced", SUM, 2, ["trainer.balance_batch=true"], "trainer.balance_batch=true"),
+    ("balanced_batch", SUM, 2, [], "'balanced_batch'"),
+    ("no_zero_groups", SUM, 2, [], "'no_zero_groups'"),
+    ("balanced", SUM, 2, ["trainer.n_gpus_per_node=4"], "whole groups of 4"),
+]
+
+
+@pytest.mark.parametrize(("rule", "mode", "k", "extra", "names"), REFUSALS, ids=[r[4] for r in REFUSALS])
+def test_refusal(rule, mode, k, extra, names):
+    instance = (
+        make_instance(rule)
+        if rule != "no_zero_groups"
+        else make_instance("no_zero_groups", "balanced", {"include_zero_groups": False})
+    )
+    config = adapter.compose_config(
+        vs.overrides(f"aggbench_{instance.name}", mode, mini_batches=k, extra=extra)
+    )
+    with pytest.raises(AdapterConfigError) as err:
+        adapter.check_config(config, instance)
+    message = str(err.value)
+    assert names in message and "\n" not in message
+    assert " set " in message or "use " in message  # and the fix
+
+
+def test_refusal_fires_through_verls_compute_advantage_before_any_update(model_dir):
+    """On first use: the estimator checks the whole trainer config verl passes (config.algorithm's root)."""
+    config = adapter.compose_config(vs.overrides("aggbench_balanced", SUM, extra=[f"{A}.entropy_coeff=0.01"]))
+    with pytest.raises(AdapterConfigError, match=f"{A}.entropy_coeff=0.01"):
+        vs.compute_advantage(vs.make_batch(model_dir), config)
+
+
+@pytest.mark.parametrize("case", ["batch-scope rule", "rows reordered across mini-batches"])
+def test_what_is_refused_is_really_inexact(model_dir, case):
+    """The control for the refusals: verl runs them, but the update is not the rule on its mini-batches."""
+    name, permute = ("balanced_batch", False) if case == "batch-scope rule" else ("balanced", True)
+    # the estimator refuses this config on first use, so its advantages come from the one-mini-batch
+    # config (the same B x rule output) and verl's update then runs two mini-batches on them
+    one = adapter.compose_config(vs.overrides(f"aggbench_{name}", SUM, mini_batches=1))
+    config = adapter.compose_config(vs.overrides(f"aggbench_{name}", SUM, mini_batches=2))
+    model = vs.load_model(model_dir)
+    batch = vs.make_batch(model_dir)
+    vs.add_old_logprobs(model, batch)
+    batch = vs.compute_advantage(batch, one)
+    if permute:  # what balance_batch / shuffle do: groups split between the two mini-batches
+        batch = batch.select_idxs(
+            torch.randperm(len(batch), generator=torch.Generator().manual_seed(5)).tolist()
+        )
+    worst = max(
+        vs.relative_difference(grads, vs.aggbench_gradient(model, batch, rows, make_instance(name)))
+        for rows, grads in vs.verl_update_gradients(model, batch, config)
+    )
+    assert worst > 1e-3
