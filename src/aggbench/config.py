@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from aggbench.config_errors import ConfigError, format_errors, model_at, read_yaml_mapping, yaml_problem
+from aggbench.layout import cell_id, resolved_config_file
 
 
 class _Strict(BaseModel):
@@ -294,8 +295,6 @@ class TrainConfig(_Strict):
 
     @property
     def resolved_cell_id(self) -> str:
-        from aggbench.layout import cell_id
-
         return self.cell_id or cell_id(self.model.name, self.dataset.name, self.aggregation.name, self.seed)
 
     def hash(self) -> str:
@@ -393,7 +392,7 @@ def resume_conflicts(previous: dict[str, Any], current: TrainConfig) -> list[str
 def check_resume(run_dir: str | Path, current: TrainConfig, *, allow_change: bool = False) -> None:
     """Refuse to resume ``run_dir`` (which has a checkpoint) when its stored resolved config differs
     from ``current`` in a field that changes training. Raises ConfigError naming each field and the fixes."""
-    stored = Path(run_dir) / "config.resolved.yaml"
+    stored = resolved_config_file(run_dir)
     if allow_change or not stored.exists():
         return
     try:

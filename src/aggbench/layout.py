@@ -3,7 +3,9 @@
     {results}/models/{model}/                           prepared model (prepare_model)
     {results}/data/{dataset}.jsonl                      canonical training set (prepare_data)
     {data file stem}.filter.json                        rows prepare-data --fit-to dropped (too long)
+    {results}/experiment.yaml                           the effective experiment config
     {results}/runs/{cell}/cell.yaml                     the cell's training config
+    {results}/runs/{cell}/config.resolved.yaml          the trainer's resolved config
     {results}/runs/{cell}/prompt_filter.json            prompts the trainer dropped (too long)
     {results}/runs/{cell}/metrics.jsonl                 one row per finished step (source of truth)
     {results}/runs/{cell}/mlflow_run.json               which MLflow run holds the cell
@@ -82,6 +84,16 @@ def tables_dir(results: str | Path) -> Path:
 
 def cell_config(run: str | Path) -> Path:
     return Path(run) / "cell.yaml"
+
+
+def resolved_config_file(run: str | Path) -> Path:
+    """The trainer's resolved config of a run (rewritten on each start; resumes compare against it)."""
+    return Path(run) / "config.resolved.yaml"
+
+
+def experiment_file(results: str | Path) -> Path:
+    """The effective experiment config of a results directory (Snakemake's experiment_config rule)."""
+    return Path(results) / "experiment.yaml"
 
 
 def rule_file(run: str | Path) -> Path:

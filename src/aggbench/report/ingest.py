@@ -162,7 +162,7 @@ def log_cell_params(run: MlflowRun, run_dir: Path) -> int:
 
     from aggbench.config import flat_config, resume_mutable
 
-    path = run_dir / "config.resolved.yaml"
+    path = layout.resolved_config_file(run_dir)
     if not path.is_file():  # the trainer has not started this cell
         return 0
     flat = flat_config(yaml.safe_load(path.read_text()))

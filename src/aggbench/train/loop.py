@@ -250,7 +250,7 @@ def _train_segment(
     device, dtype, autocast = _device_and_dtype(cfg, ranks)
     main = ranks.main
     if main:
-        dump_config(cfg, out / "config.resolved.yaml")
+        dump_config(cfg, layout.resolved_config_file(out))
         if not layout.rule_file(out).exists():  # what the run was started with, kept on resumes
             write_atomic(layout.rule_file(out), json.dumps(rule.describe(), indent=2) + "\n")
         checkpoint.clean_partial(out)
