@@ -97,3 +97,32 @@ def test_no_effect_is_inconclusive_and_a_bad_ratio_breaks_h1(tmp_path):
     assert len(h["H1"]["violations"]) == 6  # the six token cells of the negative-gap settings
     assert h["H2"]["decision"] == "inconclusive" and h["H2"]["mean"] == pytest.approx(0.0)
     assert h["H4"]["decision"] == "contradicted"
+
+
+def test_main_reads_benchmark_metric_and_step_from_the_experiment(tmp_path, capsys):
+    import yaml
+
+    from aggbench.layout import experiment_file
+    from aggbench.report.lab import main
+
+    _write_lab(tmp_path, lambda g, s, rule, k: 0.5 + 0.01 * k + (0.02 if rule == "balanced" else 0.0))
+    with pytest.raises(SystemExit, match="run the lab first"):
+        main([str(tmp_path)])
+    exp = {
+        "benchmarks": ["tiny_test"],
+        "evaluation": {"n": 4},
+        "training": {"algorithm": {"total_steps": 12}},
+    }
+    experiment_file(tmp_path).write_text(yaml.safe_dump(exp))
+    main([str(tmp_path)])
+    assert capsys.readouterr().out == render(
+        load_cells(tmp_path, step=12, benchmark="tiny_test", metric="avg@4")
+    )
+    exp["evaluation"]["n"] = 8  # a metric the run files do not hold: the experiment is what is read
+    experiment_file(tmp_path).write_text(yaml.safe_dump(exp))
+    with pytest.raises(KeyError, match="avg@8"):
+        main([str(tmp_path)])
+    exp["benchmarks"] = ["tiny_test", "math500"]
+    experiment_file(tmp_path).write_text(yaml.safe_dump(exp))
+    with pytest.raises(SystemExit, match="one benchmark"):
+        main([str(tmp_path)])

@@ -2,6 +2,8 @@
 
     python -m aggbench.report.lab results/lab            # prints every cell and H1-H4 as Markdown
 
+(the benchmark, metric and step come from results/lab/experiment.yaml)
+
 Unit: one cell = (setting, rule, seed). Primary outcome: the last step's test accuracy (avg@n on
 the lab's one benchmark, in points); secondary: the mean training ``accuracy`` of the last four
 steps. Differences are taken within a seed and summarised as the mean with a 95% Student-t interval
@@ -26,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from aggbench.layout import RUNS, eval_metrics_file, metrics_file
+from aggbench.layout import RUNS, eval_metrics_file, experiment_file, metrics_file
 from aggbench.report.stats import t_interval
 
 RULES = ("token", "sequence", "balanced")
@@ -158,10 +160,25 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``python -m aggbench.report.lab [RESULTS]``: the benchmark, its avg@n and the last step come
+    from RESULTS/experiment.yaml (the effective config the lab ran with)."""
+    import yaml
+
     args = sys.argv[1:] if argv is None else argv
     results = Path(args[0] if args else "results/lab")
-    step = int(args[1]) if len(args) > 1 else 12
-    rows = load_cells(results, step=step, benchmark="tiny_test", metric="avg@4")
+    path = experiment_file(results)
+    if not path.is_file():
+        sys.exit(f"{path} not found: run the lab first (snakemake --configfile configs/lab.yaml)")
+    exp = yaml.safe_load(path.read_text())
+    benchmarks = exp["benchmarks"]
+    if len(benchmarks) != 1:
+        sys.exit(f"{path}: the lab's decisions use one benchmark; benchmarks lists {benchmarks}")
+    rows = load_cells(
+        results,
+        step=int(exp["training"]["algorithm"]["total_steps"]),
+        benchmark=benchmarks[0],
+        metric=f"avg@{exp['evaluation']['n']}",
+    )
     print(render(rows), end="")
 
 
