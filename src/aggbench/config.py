@@ -345,21 +345,24 @@ def resume_mutable(key: str) -> bool:
     return any(key == m or key.startswith(m + ".") for m in RESUME_MUTABLE)
 
 
-# MLflow keeps a param value of at most 6000 characters (MAX_PARAM_VAL_LENGTH, mlflow/utils/validation.py,
-# 3.17); longer values are cut to it here, so that a resume compares the values MLflow stored.
+# MLflow's MAX_PARAM_VAL_LENGTH (mlflow 3.17): longer values are cut here, so resumes compare what it stored
 PARAM_VALUE_LIMIT = 6000
 
 
 def flat_config(cfg: TrainConfig | dict[str, Any]) -> dict[str, str]:
-    """``cfg`` (or its JSON dump: config.resolved.yaml) as MLflow params: {dotted key: text}, e.g.
-    ``algorithm.lr: '1e-06'``, sorted by key. ``aggregation`` is the rule instance's name (aggregation.name: what a search filters on);
-    sections and aggregation.params give dotted keys; strings are kept as they are, other values
-    (numbers, true/false, null, lists) written as JSON; every value cut to PARAM_VALUE_LIMIT.
-    """
+    """``cfg`` (or its dump, config.resolved.yaml) as {dotted key: text} (``algorithm.lr: '1e-06'``) by key;
+    ``aggregation`` is the instance's name (what a search filters on); strings kept, other values as
+    JSON; every value cut to PARAM_VALUE_LIMIT."""
     flat = _flatten(cfg if isinstance(cfg, dict) else cfg.model_dump(mode="json"))
     flat["aggregation"] = flat.pop("aggregation.name")
     text = {k: v if isinstance(v, str) else json.dumps(v) for k, v in flat.items()}
     return {k: text[k][:PARAM_VALUE_LIMIT] for k in sorted(text)}
+
+
+def mlflow_fields(cfg: TrainConfig | dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """(params, tags) of a cell's MLflow run: ``flat_config``, RESUME_MUTABLE fields as tags (a param never changes)."""
+    params = flat_config(cfg)
+    return params, {k: params.pop(k) for k in [k for k in params if resume_mutable(k)]}
 
 
 def resume_refused(where: str, diff: list[str], fix: str) -> ConfigError:
@@ -375,8 +378,7 @@ def resume_conflicts(previous: dict[str, Any], current: TrainConfig) -> list[str
     """Dotted keys whose values differ between a run's stored resolved config and ``current``,
     ignoring RESUME_MUTABLE. Resuming with any of them changed would splice two experiments into
     one run (its metrics, checkpoints and MLflow run would mix both)."""
-    # fill in fields added since the run started with their defaults (not a change); if a field was
-    # removed or renamed since, the stored config does not validate and is compared as stored
+    # fields added since the run started get their defaults; one removed since: compared as stored
     with contextlib.suppress(ValidationError):
         previous = TrainConfig.model_validate(previous).model_dump(mode="json")
     old, new = _flatten(previous), _flatten(current.model_dump(mode="json"))

@@ -42,7 +42,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -243,12 +243,14 @@ class MlflowRun:
             if params.get(k) != v
         ]
 
-    def log_params(self, params: dict[str, str]) -> int:
+    def log_params(self, params: dict[str, str], have: Mapping[str, str] | None = None) -> int:
         """Log the params the run lacks (MLflow refuses to change one: check ``param_conflicts``
-        first), ``BATCH`` per call; returns how many were logged."""
+        first), ``BATCH`` per call; ``have``: the run's params when the caller just read them.
+        Returns how many were logged."""
         from mlflow.entities import Param
 
-        have = _retry(self.client.get_run, self.run_id).data.params
+        if have is None:
+            have = _retry(self.client.get_run, self.run_id).data.params
         items = [Param(k, v) for k, v in params.items() if k not in have]
         for i in range(0, len(items), BATCH):
             _retry(self.client.log_batch, self.run_id, params=items[i : i + BATCH])

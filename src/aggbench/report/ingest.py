@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,21 +154,22 @@ def status_from_files(src: Source, rows: Sequence[dict[str, Any]], created: bool
     return "SCHEDULED" if created else None
 
 
-def log_cell_params(run: MlflowRun, run_dir: Path) -> int:
-    """Give a cell's run the params its trainer gives it (``config.flat_config`` of the resolved config,
-    resume-mutable fields as tags) when the run lacks them: a store rebuilt from the run files, or
-    a run this ingest created. Params the run already holds are never sent again. Returns how many."""
+def log_cell_params(run: MlflowRun, run_dir: Path, have: Mapping[str, str] | None = None) -> int:
+    """Give a cell's run the params its trainer gives it (``config.mlflow_fields`` of the resolved
+    config: params, and resume-mutable fields as tags) when the run lacks them: a store rebuilt from
+    the run files, or a run this ingest created. Params the run already holds (``have``: its params,
+    when the caller has them) are never sent again. Returns how many."""
     import yaml
 
-    from aggbench.config import flat_config, resume_mutable
+    from aggbench.config import mlflow_fields
 
     path = layout.resolved_config_file(run_dir)
     if not path.is_file():  # the trainer has not started this cell
         return 0
-    flat = flat_config(yaml.safe_load(path.read_text()))
-    n = run.log_params({k: v for k, v in flat.items() if not resume_mutable(k)})
+    params, tags = mlflow_fields(yaml.safe_load(path.read_text()))
+    n = run.log_params(params, have=have)
     if n:
-        run.set_tags({k: v for k, v in flat.items() if resume_mutable(k)})
+        run.set_tags(tags)
     return n
 
 
@@ -182,7 +183,7 @@ def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
     changed = {k: v for k, v in src.tags.items() if have.get(k) != v}
     if changed:
         run.set_tags(changed)
-    params = log_cell_params(run, src.run_dir) if src.kind == "cell" else 0
+    params = log_cell_params(run, src.run_dir, have=before.data.params) if src.kind == "cell" else 0
     rows = src.rows()
     steps = run.sync(rows, upto=src.committed_step(rows)) if rows else 0
     eval_values = 0

@@ -49,8 +49,7 @@ from aggbench.config import (
     TrainConfig,
     check_resume,
     dump_config,
-    flat_config,
-    resume_mutable,
+    mlflow_fields,
     resume_refused,
 )
 from aggbench.data.training import read_training_records
@@ -192,8 +191,7 @@ def open_tracker(cfg: TrainConfig, out: Path, *, allow_change: bool = False) -> 
     """
     uri = resolve_tracking_uri(cfg.tracking.tracking_uri, out)
     tracker = MlflowRun(uri, cfg.tracking.experiment, cfg.resolved_cell_id, out)
-    flat = flat_config(cfg)
-    params = {k: v for k, v in flat.items() if not resume_mutable(k)}
+    params, tags = mlflow_fields(cfg)
     diff = tracker.param_conflicts(params)
     if diff and not allow_change:
         where = f"MLflow run {tracker.run_id} ({cfg.resolved_cell_id}, experiment {cfg.tracking.experiment})"
@@ -204,7 +202,6 @@ def open_tracker(cfg: TrainConfig, out: Path, *, allow_change: bool = False) -> 
         )
         raise resume_refused(where, diff, fix)
     tracker.log_params(params)  # those the run lacks: a changed value is never sent
-    tags = {k: v for k, v in flat.items() if resume_mutable(k)}
     if diff:
         start = checkpoint.latest_resumable(out) or 0
         log.warning("%s: MLflow params kept; changed: %s", cfg.resolved_cell_id, "; ".join(diff))
