@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 
 KINDS = ("avg", "pass", "maj")
+# the context policy's per-benchmark counts (aggbench.evaluation.context): prompts longer than the
+# model's context (not generated, graded wrong) and responses whose max_tokens the context cut short
+CONTEXT_COUNTS = ("not_generated", "context_capped")
 _METRIC = re.compile(r"^(avg|pass|maj)@([1-9][0-9]*)$")
 _REPORT_METRIC = re.compile(r"^(avg|pass|maj)@(n|[1-9][0-9]*)$")
 

@@ -14,13 +14,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from aggbench.metric_names import mlflow_key
+from aggbench.metric_names import CONTEXT_COUNTS, mlflow_key
 
 
 def eval_metric_values(benchmark: str, metrics: Mapping[str, Any]) -> dict[str, float]:
     """The MLflow metrics of one benchmark: every avg@/pass@/maj@ value, the CI of avg@n, lengths."""
     out = {mlflow_key(benchmark, m): float(metrics[m]) for m in metrics.get("metrics", []) if m in metrics}
-    for name in ("ci_low", "ci_high", "mean_length", "truncation_rate", "not_generated", "context_capped"):
+    for name in ("ci_low", "ci_high", "mean_length", "truncation_rate", *CONTEXT_COUNTS):
         if metrics.get(name) is not None:
             out[mlflow_key(benchmark, name)] = float(metrics[name])
     return out

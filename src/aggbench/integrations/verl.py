@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -265,6 +266,15 @@ def register(instance: RuleInstance | str, name: str | None = None) -> str:
 
 def register_all() -> list[str]:
     """Import ``AGGBENCH_PLUGINS``, then register every rule and built-in instance; -> names."""
+    import verl
+
+    version = tuple(int(p) for p in str(getattr(verl, "__version__", "0")).split(".")[:2] if p.isdigit())
+    if version != TESTED_VERL:
+        warnings.warn(
+            f"aggbench verl adapter: tested with verl {'.'.join(map(str, TESTED_VERL))}.x, found "
+            f"{getattr(verl, '__version__', '?')}; rerun tests/integrations/test_verl.py against it",
+            stacklevel=2,
+        )
     plugins = [p.strip() for p in os.environ.get("AGGBENCH_PLUGINS", "").split(",") if p.strip()]
     try:
         load_plugins(plugins)

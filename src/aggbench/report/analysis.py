@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +39,7 @@ from aggbench.grid import results_dir
 from aggbench.report.collect import CellData, Collected
 from aggbench.report.ingest import Source
 from aggbench.report.plots import _colors, _line, _pyplot, _save
-from aggbench.report.stats import average_curve, peak_to_last
+from aggbench.report.stats import average_curve, curve_drop
 from aggbench.tracking import MetricsLog
 
 PANELS: tuple[tuple[str, str], ...] = (
@@ -85,23 +85,38 @@ def read_train(
     return out
 
 
+Train = dict[str, dict[int, float]]
+
+
+def read_cells(col: Collected, results: str | Path) -> dict[str, Train | None]:
+    """{cell id: ``read_train`` of every key either figure plots}: each metrics.jsonl read once."""
+    keys = list(dict.fromkeys([*panel_keys(), *X_KEYS]))
+    return {c.cell.id: read_train(results, c, keys) for c in col.cells}
+
+
 def _block_train(
-    col: Collected, results: Path, model: str, dataset: str, keys: Sequence[str]
-) -> dict[str, list[dict[str, dict[int, float]]]]:
+    col: Collected, train_of: Mapping[str, Train | None], model: str, dataset: str
+) -> dict[str, list[Train]]:
     """{rule: the training values of each of its cells that has run files}; rules with none left out."""
-    out: dict[str, list[dict[str, dict[int, float]]]] = {}
+    out: dict[str, list[Train]] = {}
     for rule, cells_ in col.rule_cells(model, dataset).items():
-        have = [t for t in (read_train(results, c, keys) for c in cells_) if t is not None]
+        have = [t for c in cells_ if (t := train_of.get(c.cell.id)) is not None]
         if have:
             out[rule] = have
     return out
 
 
 def plot_block_analysis(
-    col: Collected, results: Path, model: str, dataset: str, out_dir: Path
+    col: Collected,
+    results: Path,
+    model: str,
+    dataset: str,
+    out_dir: Path,
+    train_of: Mapping[str, Train | None] | None = None,
 ) -> Path | None:
-    """``{model}__{dataset}__analysis.png``; None when no cell of the block has run files."""
-    train = _block_train(col, results, model, dataset, panel_keys())
+    """``{model}__{dataset}__analysis.png``; None when no cell of the block has run files.
+    ``train_of``: ``read_cells``' result when the caller has it."""
+    train = _block_train(col, train_of if train_of is not None else read_cells(col, results), model, dataset)
     if not train:
         return None
     plt = _pyplot()
@@ -159,7 +174,7 @@ def _seed_means(cells_: Sequence[CellData], benches: Sequence[str]) -> tuple[flo
         curve = average_curve(c.evals, benches) if not c.stale else {}
         if curve:
             lasts.append(curve[max(curve)])
-            drops.append(peak_to_last(c.evals, benches))
+            drops.append(curve_drop(curve))
     if not lasts:
         return None
     return statistics.fmean(lasts), statistics.fmean(drops), len(lasts)
@@ -171,11 +186,15 @@ def _mean_x(train: Sequence[dict[str, dict[int, float]]], key: str) -> float:
 
 
 def cross_cell_points(
-    col: Collected, results: str | Path | None = None, pair: tuple[str, str] = PAIR
+    col: Collected,
+    results: str | Path | None = None,
+    pair: tuple[str, str] = PAIR,
+    train_of: Mapping[str, Train | None] | None = None,
 ) -> list[Point]:
     """One Point per block that has both rules of ``pair`` with an evaluated seed each (module
     docstring: how x and y are taken, how a missing or unfinished cell enters)."""
     results = Path(results) if results is not None else results_dir(col.exp)
+    train_of = train_of if train_of is not None else read_cells(col, results)
     benches = col.benchmarks
     points = []
     for model, dataset in col.blocks():
@@ -185,7 +204,7 @@ def cross_cell_points(
         ys = [_seed_means(groups[r], benches) for r in pair]
         if ys[0] is None or ys[1] is None:
             continue
-        train = [t for r in pair for c in groups[r] if (t := read_train(results, c, X_KEYS)) is not None]
+        train = [t for r in pair for c in groups[r] if (t := train_of.get(c.cell.id)) is not None]
         notes = tuple(f"{c.cell.id}: {why}" for r in pair for c in groups[r] if (why := c.issue(benches)))
         points.append(
             Point(
@@ -240,6 +259,7 @@ def plot_cross_cell(points: Sequence[Point], out_dir: Path, pair: tuple[str, str
 def plot_analysis(col: Collected, out_dir: Path, results: str | Path | None = None) -> list[Path]:
     """Every block's analysis figure, then the cross-cell figure; returns the paths written."""
     results = Path(results) if results is not None else results_dir(col.exp)
-    paths = [plot_block_analysis(col, results, m, d, out_dir) for m, d in col.blocks()]
-    paths.append(plot_cross_cell(cross_cell_points(col, results), out_dir))
+    train_of = read_cells(col, results)
+    paths = [plot_block_analysis(col, results, m, d, out_dir, train_of) for m, d in col.blocks()]
+    paths.append(plot_cross_cell(cross_cell_points(col, results, train_of=train_of), out_dir))
     return [p for p in paths if p is not None]

@@ -212,7 +212,7 @@ def collect(
             data.ci = {b: _ci(client, rid, b) for b in boot}
             data.context = {
                 kind: {b: metric_history(client, rid, metric_names.mlflow_key(b, kind)) for b in benchmarks}
-                for kind in ("not_generated", "context_capped")
+                for kind in metric_names.CONTEXT_COUNTS
             }
             wanted = [
                 SENTINEL,

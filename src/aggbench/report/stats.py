@@ -58,6 +58,9 @@ def peak_to_last(evals: Mapping[str, Mapping[int, float]], benchmarks: Sequence[
     """One seed's peak minus last value of its benchmark-average curve (same unit as evals); None
     when no step has every benchmark."""
     curve = average_curve(evals, benchmarks)
-    if not curve:
-        return None
+    return curve_drop(curve) if curve else None
+
+
+def curve_drop(curve: Mapping[int, float]) -> float:
+    """Peak minus last value of a (non-empty) {step: value} curve: the peak-to-last drop."""
     return max(curve.values()) - curve[max(curve)]

@@ -37,7 +37,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from aggbench import grid
+from aggbench import grid, metric_names
 from aggbench.report.collect import CellData, Collected
 from aggbench.report.ingest import base_id
 from aggbench.report.stats import peak_to_last, t_interval
@@ -216,10 +216,16 @@ def check_reported(exp: dict) -> None:
         raise ValueError("invalid `reported:` block:\n  " + "\n  ".join(problems))
 
 
-CONTEXT_NOTES = {
-    "not_generated": "prompts longer than the model's context, not generated and graded wrong",
-    "context_capped": "responses whose max_tokens the model's context cut short",
-}
+CONTEXT_NOTES = dict(
+    zip(
+        metric_names.CONTEXT_COUNTS,
+        (
+            "prompts longer than the model's context, not generated and graded wrong",
+            "responses whose max_tokens the model's context cut short",
+        ),
+        strict=True,
+    )
+)
 
 
 def _context_notes(context: Mapping[str, Mapping[str, Mapping[int, float]]]) -> list[str]:
