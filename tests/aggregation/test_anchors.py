@@ -26,6 +26,7 @@ Gradient accumulation and empty responses: test_anchors_micro_batch.py.
 from __future__ import annotations
 
 import inspect
+import os
 from fractions import Fraction
 
 import pytest
@@ -248,10 +249,13 @@ def test_verl_installed_agg_loss_matches(seed, mode, rule, params, scale):
     Needs verl (pip install --no-deps verl) plus ray, tensordict<=0.10, omegaconf and codetiming,
     which verl imports at module level on the way to core_algos.
     """
-    core_algos = pytest.importorskip(
-        "verl.trainer.ppo.core_algos",
-        reason="verl not installed (pip install --no-deps verl; then ray, tensordict<=0.10, omegaconf, codetiming)",
-    )
+    if os.environ.get("AGGBENCH_REQUIRE_VERL"):  # the verl leg (`make test-verl`): never skip there
+        import verl.trainer.ppo.core_algos as core_algos
+    else:
+        core_algos = pytest.importorskip(
+            "verl.trainer.ppo.core_algos",
+            reason="verl's config stack (omegaconf) is overlaid only in its own leg: `make test-verl`",
+        )
     from verl.workers.config import ActorConfig
 
     assert {"batch_num_tokens", "global_batch_size", "loss_scale_factor"} <= set(

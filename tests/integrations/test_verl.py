@@ -18,7 +18,12 @@ import textwrap
 import pytest
 import torch
 
-pytest.importorskip("verl", reason="verl is installed by `make install` (ANCHORS=1, the default)")
+if os.environ.get("AGGBENCH_REQUIRE_VERL"):  # the verl leg: a broken install fails, never skips
+    import verl  # noqa: F401
+else:
+    pytest.importorskip(
+        "verl", reason="verl's config stack is overlaid only in its own leg: `make test-verl` (Makefile)"
+    )
 
 from aggbench.aggregation import make_instance  # noqa: E402
 from aggbench.integrations import AdapterConfigError  # noqa: E402
