@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 
 from aggbench.aggregation import builtin_instances
-from aggbench.train.advantages import grpo
+from aggbench.aggregation.advantages import grpo
 from aggbench.train.objective import pg_loss
 
 STAGES = ("weights", "fwd", "fwd+bwd")

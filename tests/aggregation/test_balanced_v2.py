@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggbench.aggregation import RuleInstance, make_instance, mask_from_lengths
-from aggbench.train.advantages import drgrpo, grpo
+from aggbench.aggregation.advantages import drgrpo, grpo
 
 LENGTHS = [500, 3000, 400, 600, 3000, 300]
 SHAPED = [1.0, 0.141, 0.0, 0.0, -0.859, 0.0]

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from aggbench.aggregation.advantages import grpo
 from aggbench.aggregation.diagnostics import sign_weights
-from aggbench.train.advantages import grpo
 from aggbench.train.objective import pg_loss
 from helpers.support import contract_instances, instance_ids, random_batch
 

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from aggbench.aggregation import mask_from_lengths
+from aggbench.aggregation.advantages import get_advantage
 from aggbench.aggregation.diagnostics import diagnostics
-from aggbench.train.advantages import get_advantage
 
 LENGTHS = [2, 4, 6, 8]
 REWARDS = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)

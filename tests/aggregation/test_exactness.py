@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from aggbench.aggregation import RuleInstance
-from aggbench.train.advantages import grpo
+from aggbench.aggregation.advantages import grpo
 from aggbench.train.logprobs import response_logprobs
 from aggbench.train.objective import aux_token_weights, kl_k3, pg_loss
 from helpers.dp_fixture import tiny_model

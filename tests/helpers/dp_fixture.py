@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from aggbench.aggregation.advantages import grpo
 from aggbench.rollout.base import Rollouts
-from aggbench.train.advantages import grpo
 
 N_GROUPS, G = 4, 4
 

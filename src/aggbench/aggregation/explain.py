@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
+from aggbench.aggregation.advantages import get_advantage
 from aggbench.aggregation.contract import RuleInstance
 from aggbench.aggregation.diagnostics import sign_weights
 from aggbench.aggregation.ops import mask_from_lengths
-from aggbench.train.advantages import get_advantage
 
 GroupLabel = int | str
 

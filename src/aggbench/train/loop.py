@@ -45,6 +45,7 @@ import torch
 
 from aggbench import layout
 from aggbench.aggregation import load_plugins, make_instance
+from aggbench.aggregation.advantages import get_advantage
 from aggbench.config import (
     TrainConfig,
     check_resume,
@@ -57,7 +58,6 @@ from aggbench.files import write_atomic
 from aggbench.modeldir import loading, require_positions, require_weights
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_status, run_tags
 from aggbench.train import batching, checkpoint, engine_checks, parallel, prompt_fit, sampling, step_log
-from aggbench.train.advantages import get_advantage
 from aggbench.train.global_batch import gather_minibatch
 from aggbench.train.update import LossSettings, accumulate_gradients, fixed_logprobs, minibatch_weights
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from aggbench.aggregation import mask_from_lengths
+from aggbench.aggregation.advantages import get_advantage
 from aggbench.aggregation.diagnostics import diagnostics, length_stats
 from aggbench.registry import RegistryError
-from aggbench.train.advantages import get_advantage
 
 R = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
 G = torch.tensor([0, 0, 0, 0, 5, 5])
