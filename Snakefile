@@ -34,13 +34,15 @@ sys.path.extend(d for d in CONFIG_DIRS if d not in sys.path)
 # Validation before any job starts. aggbench's check comes first because its messages name the bad
 # key and the allowed keys or values (misspelled key, unknown rule or benchmark, negative step
 # count, missing model directory); Snakemake's schema validation then fills the schema's defaults.
-from aggbench.grid import GridError, validate_experiment
+# The schema is the package's own (aggbench.grid.SCHEMA_PATH): one file, which the CLI's
+# `aggbench grid check` validates with too.
+from aggbench.grid import SCHEMA_PATH, GridError, validate_experiment
 
 try:
     validate_experiment(config)
 except GridError as exc:
     raise WorkflowError(f"{exc}\n(config: {', '.join(CONFIG_FILES)})") from None
-validate(config, "workflow/schemas/config.schema.yaml")
+validate(config, str(SCHEMA_PATH))
 
 
 include: "workflow/rules/common.smk"
