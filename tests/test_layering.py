@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "tiny/": set(),
     "aggregation/": {"registry"},
     "data/": {"files", "graders", "metric_names", "registry", "tiny/"},
-    "tracking": {"files", "layout", "aggregation/"},
+    "tracking": {"files", "layout"},
     "grading/": {"data/", "graders", "tiny/"},
     "grid": {"aggregation/", "config", "config_errors", "data/", "layout"},
     "rollout/": {"seeds"},

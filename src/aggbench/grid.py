@@ -160,7 +160,7 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
     if errors:
         raise GridError("invalid experiment config:\n  " + "\n  ".join(errors))
     fill_defaults(exp)
-    from aggbench.aggregation import load_plugins, make_instance
+    from aggbench.aggregation import load_plugins, resolve_instance
     from aggbench.data import list_benchmarks, load_benchmark_spec, load_training_spec
 
     problems: list[str] = _resource_problems(exp)
@@ -174,7 +174,7 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
         problems.append(f"aggregations: duplicate instance name(s) {dupes}")
     for i, agg in enumerate(aggregations(exp)):
         try:
-            make_instance(agg["name"], agg.get("rule"), agg.get("params") or None)
+            resolve_instance(agg)
         except Exception as exc:
             problems.append(f"aggregations[{i}] ({agg['name']}): {exc}")
     for b in exp["benchmarks"]:

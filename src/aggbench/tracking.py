@@ -370,8 +370,9 @@ def metric_history(client: Any, run_id: str, key: str) -> dict[int, float]:
     return {s: v for s, (_, v) in sorted(out.items())}
 
 
-def run_tags(cfg: Any, plugin_files: list[Path]) -> dict[str, Any]:
-    """Tags of a cell's MLflow run: what it is, and what code produced it."""
+def run_tags(cfg: Any, rule: Any, plugin_files: list[Path]) -> dict[str, Any]:
+    """Tags of a cell's MLflow run: what it is, and what code produced it. ``rule``: the instance
+    that trains (``aggregation.resolve_instance``; its every parameter, as aggregation.json has them)."""
     import hashlib
     import platform
 
@@ -379,23 +380,21 @@ def run_tags(cfg: Any, plugin_files: list[Path]) -> dict[str, Any]:
     import transformers
 
     from aggbench import __version__
-    from aggbench.aggregation import make_instance
 
-    inst = make_instance(cfg.aggregation.name, cfg.aggregation.rule, cfg.aggregation.params or None)
     tags = {
         "aggbench.cell_id": cfg.resolved_cell_id,
         "model": cfg.model.name,
         "dataset": cfg.dataset.name,
-        "aggregation": inst.name,
-        "aggregation.rule": inst.rule,
-        "aggregation.version": inst.spec.version,
+        "aggregation": rule.name,
+        "aggregation.rule": rule.rule,
+        "aggregation.version": rule.spec.version,
         "seed": cfg.seed,
         "config_hash": cfg.hash(),
         "git_sha": _git_sha(),
         "versions": f"aggbench={__version__} torch={torch.__version__} transformers={transformers.__version__} "
         f"python={platform.python_version()}",
     }
-    for k, v in inst.params.items():
+    for k, v in rule.params.items():
         tags[f"aggregation.{k}"] = v
     if plugin_files:
         h = hashlib.sha256()

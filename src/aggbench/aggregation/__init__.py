@@ -3,6 +3,7 @@
 Public API::
 
     from aggbench.aggregation import register_rule, get_rule, rule_names, RuleInstance, make_instance
+    from aggbench.aggregation import resolve_instance   # a config's entry -> its instance (one place)
     from aggbench.aggregation import check_inputs, broadcast, safe_reciprocal   # helpers for a rule
 
 Plugins import from here only; the modules behind it (contract, ops, rules, diagnostics, explain) may move.
@@ -23,6 +24,7 @@ from aggbench.aggregation.contract import (
     get_rule,
     make_instance,
     register_rule,
+    resolve_instance,
     rule_names,
 )
 from aggbench.aggregation.ops import broadcast, groups_of, mask_from_lengths, safe_reciprocal
@@ -44,6 +46,7 @@ __all__ = [
     "make_instance",
     "mask_from_lengths",
     "register_rule",
+    "resolve_instance",
     "rule_names",
     "safe_reciprocal",
 ]

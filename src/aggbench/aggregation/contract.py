@@ -201,6 +201,25 @@ def make_instance(
     return RuleInstance(name, rule, dict(params or {}))
 
 
+def resolve_instance(entry: Any, *, max_new_tokens: int | None = None) -> RuleInstance:
+    """THE rule instance of a config's aggregation entry: every caller outside aggregation/ (grid
+    validation, the trainer, the report's version check, the TRL adapter) resolves through here,
+    so an instance means the same everywhere it is named (its MLflow tags, aggregation.json, the
+    rule that trained).
+
+    entry: a mapping or an object with ``name`` and optional ``rule`` and ``params`` (a grid's
+    ``aggregations:`` item, ``TrainConfig.aggregation``). ``max_new_tokens``: the cell's response
+    budget; ``constant`` (Dr. GRPO) divides by L_max, so an entry that gives no ``max_length`` gets
+    this budget as its L_max (without it, a batch's own width would be used: a layout-dependent
+    divisor).
+    """
+    get = entry.get if isinstance(entry, Mapping) else lambda key: getattr(entry, key, None)
+    inst = make_instance(get("name"), get("rule"), get("params") or None)
+    if inst.rule == "constant" and inst.params.get("max_length") is None and max_new_tokens is not None:
+        inst = RuleInstance(inst.name, inst.rule, {**inst.params, "max_length": max_new_tokens})
+    return inst
+
+
 # ----------------------------------------------------------------------------- input checks
 
 

@@ -30,13 +30,10 @@ _SHOW = 40  # problems printed in full before "... and N more"
 def _rule_versions(exp: dict) -> dict[str, str]:
     """{aggregation instance: its rule's version now} (the plugins are loaded by load_experiment);
     the report refuses to table a cell trained under another version."""
-    from aggbench.aggregation import make_instance
+    from aggbench.aggregation import resolve_instance
     from aggbench.grid import aggregations
 
-    return {
-        a["name"]: make_instance(a["name"], a.get("rule"), a.get("params") or None).spec.version
-        for a in aggregations(exp)
-    }
+    return {a["name"]: resolve_instance(a).spec.version for a in aggregations(exp)}
 
 
 def _load(config: Path) -> dict:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aggbench.aggregation import RuleInstance, load_plugins, make_instance
+from aggbench.aggregation import RuleInstance, load_plugins, resolve_instance
 from aggbench.integrations import AdapterConfigError
 
 # The TRL releases this adapter is tested against (the `trl` extra pins the same range). Outside it
@@ -85,7 +85,7 @@ def resolve_rule(aggregation: str | RuleInstance, plugins: Iterable[str] = ()) -
     load_plugins(list(plugins))
     if isinstance(aggregation, RuleInstance):
         return aggregation
-    return make_instance(aggregation)
+    return resolve_instance({"name": aggregation})
 
 
 def effective_advantages(

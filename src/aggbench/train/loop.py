@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from aggbench import layout
-from aggbench.aggregation import load_plugins, make_instance
+from aggbench.aggregation import load_plugins, resolve_instance
 from aggbench.aggregation.advantages import get_advantage
 from aggbench.config import (
     TrainConfig,
@@ -161,9 +161,7 @@ def _resolve(cfg: TrainConfig) -> tuple[list[Path], Any, Any]:
     loaded = load_plugins(cfg.plugins, search_paths=[Path.cwd()])
     # the plugin's source is hashed into the run's tags, so a changed rule is visible in MLflow
     plugin_files = [Path(f) for m in loaded if (f := getattr(sys.modules.get(m), "__file__", None))]
-    rule = make_instance(cfg.aggregation.name, cfg.aggregation.rule, cfg.aggregation.params or None)
-    if rule.rule == "constant" and rule.params.get("max_length") is None:
-        rule = make_instance(rule.name, rule.rule, {**rule.params, "max_length": cfg.sampling.max_new_tokens})
+    rule = resolve_instance(cfg.aggregation, max_new_tokens=cfg.sampling.max_new_tokens)
     return plugin_files, rule, get_advantage(cfg.advantage.estimator)
 
 
@@ -290,7 +288,7 @@ def _train_segment(
     if main:
         metrics_log.truncate_after(start)
     if tracker is not None:
-        tracker.set_tags(run_tags(cfg, prep.plugin_files))
+        tracker.set_tags(run_tags(cfg, prep.rule, prep.plugin_files))
         tracker.sync(metrics_log.read(), upto=start)  # fills in steps a crash kept from MLflow
 
     reward_fn = RewardFn(cfg.dataset.grader)
