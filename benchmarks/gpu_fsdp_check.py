@@ -8,7 +8,7 @@ checkpointing, generation on gathered parameters, sharded checkpoints (torch.dis
 and the ``save_pretrained`` export. With N GPUs it shards over them as the rule does. With one GPU
 the same FSDP2 code runs on a one-rank NCCL group: the trainer treats one torchrun process as
 plain single-process training, so this script starts the group itself and hands the trainer
-``Ranks(strategy="fsdp")`` (every collective then really goes through NCCL, over one rank).
+``FSDPRanks`` (every collective then really goes through NCCL, over one rank).
 
 Checks (PASS/FAIL lines; exit status 1 if any fails):
 
@@ -70,6 +70,7 @@ def start_group(device: str, world: int):
     import torch.distributed as dist
 
     from aggbench.train import parallel
+    from aggbench.train.parallel.fsdp import FSDPRanks
 
     if "MASTER_PORT" not in os.environ:  # plain `python`, not torchrun
         with socket.socket() as s:
@@ -83,7 +84,7 @@ def start_group(device: str, world: int):
     dist.init_process_group("nccl" if cuda else "gloo", device_id=dev if cuda else None)
     real = parallel.setup
     if world == 1:
-        parallel.setup = lambda cfg: parallel.Ranks(0, 1, "fsdp", dev, owns_group=False)
+        parallel.setup = lambda cfg: FSDPRanks(0, 1, dev, owns_group=False)
 
     def end() -> None:
         parallel.setup = real

@@ -183,6 +183,9 @@ def test_no_module_re_exports_another_modules_names():
                 continue
             names = defined.setdefault(mod, _defined(home))
             for alias in node.names:
-                if alias.name not in names and not (target / f"{alias.name}.py").exists():
+                submodule = (target / f"{alias.name}.py").exists() or (
+                    target / alias.name / "__init__.py"
+                ).exists()
+                if alias.name not in names and not submodule:
                     bad.append(f"{path.relative_to(repo)}: {alias.name} is not defined in {mod}")
     assert bad == []

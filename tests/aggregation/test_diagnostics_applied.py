@@ -64,7 +64,8 @@ def test_step_metrics_use_the_minibatches_of_the_update():
     from aggbench.aggregation import make_instance
     from aggbench.train.global_batch import GlobalView
     from aggbench.train.sampling import SamplingStats
-    from aggbench.train.step_log import RankPart, UpdateTotals, step_metrics
+    from aggbench.train.step_log import RankPart, StepTiming, record
+    from aggbench.train.update import UpdateTotals
 
     mask, adv = _batch()
     view = GlobalView(mask=mask, advantages=adv, group_ids=GIDS, offset=0, count=4)
@@ -72,11 +73,7 @@ def test_step_metrics_use_the_minibatches_of_the_update():
     upd = UpdateTotals(0.0, 0.0, 0.0, 0.0, 20.0, 0.0, 2, zeros, view, zeros.float(), minibatches=MINIBATCHES)
     part = RankPart(REWARDS.tolist(), [True] * 4, zeros, [], SamplingStats(1, 2, 0, 2, 4))
 
-    class Sched:
-        def get_last_lr(self):
-            return [1e-3]
-
     rule = make_instance("token", "token", None)
-    row = step_metrics(1, [part], rule, upd, 0.0, 0.0, Sched())
+    row = record(step=1, parts=[part], rule=rule, totals=upd, timing=StepTiming(0.0, 0.0), lr=1e-3)
     assert row["agg/token/weight_pos"] == pytest.approx(8 / 21)
     assert row["agg/token/weight_neg"] == pytest.approx(13 / 21)

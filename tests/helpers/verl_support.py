@@ -192,7 +192,8 @@ def aggbench_gradient(model, batch, rows: list[int], instance) -> dict[str, torc
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
     from aggbench.train.batching import PackedBatch
-    from aggbench.train.update import LossSettings, accumulate_gradients
+    from aggbench.train.scoring import ScoredBatch
+    from aggbench.train.update import LossSettings, MiniBatch, accumulate_gradients
 
     t = batch.batch
     mask = t["response_mask"].bool()
@@ -212,17 +213,9 @@ def aggbench_gradient(model, batch, rows: list[int], instance) -> dict[str, torc
     eff = instance(mask[mb], adv[mb], gids[mb])
     settings = LossSettings(clip_low=0.2, clip_high=0.28, dual_clip=3.0, micro_batch_size=4)
     model.zero_grad(set_to_none=True)
+    scored = ScoredBatch(packed, mask, adv, gids)
     accumulate_gradients(
-        model,
-        packed,
-        mask,
-        adv,
-        mb,
-        torch.arange(len(mb)),
-        eff,
-        torch.zeros_like(eff),
-        settings,
-        old=t["old_log_probs"],
+        model, scored, MiniBatch.whole(mb, eff, torch.zeros_like(eff)), settings, old=t["old_log_probs"]
     )
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 

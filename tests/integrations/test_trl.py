@@ -31,7 +31,8 @@ HERE = Path(__file__).resolve().parent
 def _aggbench_gradient(model_dir, batch, rule, *, micro_batch_size=4):
     """aggbench's own update (train/update.py) on TRL's generation batch with TRL's advantages."""
     from aggbench.train.batching import PackedBatch
-    from aggbench.train.update import LossSettings, accumulate_gradients
+    from aggbench.train.scoring import ScoredBatch
+    from aggbench.train.update import LossSettings, MiniBatch, accumulate_gradients
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
     mask = batch["seen_loss_mask"].bool()
@@ -48,7 +49,8 @@ def _aggbench_gradient(model_dir, batch, rule, *, micro_batch_size=4):
     eff = rule(mask, adv, gids)
     rows = torch.arange(b)
     settings = LossSettings(clip_low=0.2, clip_high=0.28, micro_batch_size=micro_batch_size)
-    accumulate_gradients(model, packed, mask, adv, rows, rows, eff, torch.zeros_like(eff), settings)
+    scored = ScoredBatch(packed, mask, adv, gids)
+    accumulate_gradients(model, scored, MiniBatch.whole(rows, eff, torch.zeros_like(eff)), settings)
     return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
 

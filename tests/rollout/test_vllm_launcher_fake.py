@@ -11,7 +11,7 @@ test_vllm_real.py). What is tested:
   divide the world is an error naming the field; on a platform without sleep mode it is turned
   off; ``sync_weights`` pushes every exported tensor once in one call, then resets the prefix cache.
 * The weight export of an FSDP2-sharded model (2 gloo ranks under torchrun, the trainer's own
-  ``parallel.prepare_model``): every rank gets the same names, shapes, dtypes and values as
+  ``FSDPRanks.prepare_model``): every rank gets the same names, shapes, dtypes and values as
   ``export_weights`` of the unsharded model (tied ``lm_head`` dropped, bf16 cast).
 """
 

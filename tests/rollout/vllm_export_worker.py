@@ -1,7 +1,7 @@
 """Run under torchrun (gloo, CPU): export an FSDP2-sharded tiny model the way the vLLM sync does.
 
 Usage: torchrun --nproc_per_node 2 vllm_export_worker.py OUT_DIR
-Every rank shards ``dp_fixture.tiny_model()`` with ``parallel.prepare_model`` (the trainer's FSDP2
+Every rank shards ``dp_fixture.tiny_model()`` with ``FSDPRanks.prepare_model`` (the trainer's FSDP2
 path), checks that its parameters really are sharded DTensors, and writes what ``export_weights``
 gives it (bf16 and uncast) to OUT_DIR/rank{r}.pt for the test to compare with the unsharded export.
 """
@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from aggbench.rollout.vllm import export_weights
-from aggbench.train import parallel
+from aggbench.train.parallel.fsdp import FSDPRanks
 from helpers.dp_fixture import tiny_model
 
 
@@ -26,9 +26,9 @@ def main() -> None:
     out = Path(sys.argv[1])
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=2))
     rank, world = dist.get_rank(), dist.get_world_size()
-    ranks = parallel.Ranks(rank, world, "fsdp", torch.device("cpu"))
+    ranks = FSDPRanks(rank, world, torch.device("cpu"))
     cfg = SimpleNamespace(distributed=SimpleNamespace(activation_checkpointing=False), precision="fp64")
-    model = parallel.prepare_model(tiny_model(), ranks, cfg, torch.device("cpu"))
+    model = ranks.prepare_model(tiny_model(), cfg, torch.device("cpu"))
     sharded = {n: isinstance(p, DTensor) for n, p in model.named_parameters()}
     local_rows = {n: p.to_local().shape[0] for n, p in model.named_parameters() if isinstance(p, DTensor)}
     result = {

@@ -16,8 +16,10 @@ import torch.distributed as dist
 
 from aggbench.aggregation import builtin_instances
 from aggbench.train.batching import pack
-from aggbench.train.global_batch import allreduce_grads_sum, gather_minibatch
-from aggbench.train.update import LossSettings, accumulate_gradients, minibatch_weights
+from aggbench.train.global_batch import gather_minibatch
+from aggbench.train.parallel.ddp import allreduce_grads_sum
+from aggbench.train.scoring import ScoredBatch
+from aggbench.train.update import LossSettings, MiniBatch, accumulate_gradients, minibatch_weights
 from helpers.dp_fixture import fixed_batch, tiny_model
 
 
@@ -37,18 +39,11 @@ def main() -> None:
         eff, aux_w = minibatch_weights(inst, view.mask, view.advantages, view.group_ids, "token-mean")
         model.zero_grad(set_to_none=True)
         t = batch.response_mask.shape[1]
-        accumulate_gradients(
-            model,
-            batch,
-            batch.response_mask,
-            adv[mine],
-            view.row_map(),
-            view.local_in(torch.arange(view.mask.shape[0])),
-            eff[:, :t],
-            aux_w[:, :t],
-            settings,
-            old=old[mine][:, :t],
+        mb = MiniBatch(
+            view.row_map(), view.local_in(torch.arange(view.mask.shape[0])), eff[:, :t], aux_w[:, :t]
         )
+        scored = ScoredBatch(batch, batch.response_mask, adv[mine], torch.tensor(local.group))
+        accumulate_gradients(model, scored, mb, settings, old=old[mine][:, :t])
         allreduce_grads_sum(model)
         grads = [p.grad.detach().clone() / (size if mean else 1) for p in model.parameters()]
         result[name] = grads

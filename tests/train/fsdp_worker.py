@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-import aggbench.train.parallel
+import aggbench.train.parallel.fsdp
 import aggbench.train.sampling
+import aggbench.train.step
 from aggbench.config import load_train_config
 from aggbench.train.loop import train
 
@@ -32,24 +33,25 @@ def main() -> None:
     # up fails within minutes instead of hanging for gloo's default 30
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=3))
     results = {}
-    honest = aggbench.train.parallel.sum_gradients
+    honest = aggbench.train.parallel.fsdp.sum_gradients
     generate = aggbench.train.sampling.generate
-    gather = aggbench.train.sampling.rollouts_with_rewards
+    gather = aggbench.train.step.sample
     for run in plan:
         if run.get("slip"):
-            aggbench.train.parallel.sum_gradients = lambda module: None  # FSDP2's default: the mean
+            aggbench.train.parallel.fsdp.sum_gradients = lambda module: None  # FSDP2's default: the mean
         calls: dict[int, int] = {}
         held: dict[int, int] = {}
         if run.get("count_generate"):
 
-            def holding(cfg, engine, tokenizer, records, stream, slots, step, *rest, _held=held):
-                out = gather(cfg, engine, tokenizer, records, stream, slots, step, *rest)
-                _held[step] = len(set(out[0].group))  # the groups this rank trains on
+            def holding(sampler, *, step, _held=held, **kw):
+                out = gather(sampler, step=step, **kw)
+                _held[step] = len(set(out.rollouts.group))  # the groups this rank trains on
                 return out
 
-            aggbench.train.sampling.rollouts_with_rewards = holding
+            aggbench.train.step.sample = holding
 
-            def counting(cfg, engine, ids, step, *rest, _calls=calls):
+            def counting(sampler, ids, *, step, _calls=calls, **kw):
+                engine = sampler.engine
                 real = engine.generate
 
                 def counted(*a, **kw):
@@ -58,7 +60,7 @@ def main() -> None:
 
                 engine.generate = counted
                 try:
-                    return generate(cfg, engine, ids, step, *rest)
+                    return generate(sampler, ids, step=step, **kw)
                 finally:
                     del engine.generate  # back to the class's method
 
@@ -71,9 +73,9 @@ def main() -> None:
                 raise
             results[run["out"]] = f"{type(exc).__name__}: {exc}"
         finally:
-            aggbench.train.parallel.sum_gradients = honest
+            aggbench.train.parallel.fsdp.sum_gradients = honest
             aggbench.train.sampling.generate = generate
-            aggbench.train.sampling.rollouts_with_rewards = gather
+            aggbench.train.step.sample = gather
         if run.get("count_generate"):
             out = Path(run["out"]) / f"generate_calls.rank{dist.get_rank()}.json"
             out.write_text(json.dumps(calls))

@@ -107,7 +107,7 @@ def test_the_trainer_state_is_read_through_the_error_translation(tmp_path):
     with pytest.raises(
         CheckpointError, match=r"trainer_state\.pt is unreadable \(EOFError: Ran out of input\)"
     ):
-        parallel.load(run, 3, model, optimizer, parallel.Ranks())
+        parallel.Ranks().load(run, 3, model, optimizer)
 
 
 def test_the_fix_names_an_earlier_resumable_checkpoint(tmp_path):

@@ -12,7 +12,8 @@ import torch
 
 from aggbench.aggregation import builtin_instances
 from aggbench.train.batching import pack
-from aggbench.train.update import LossSettings, accumulate_gradients, minibatch_weights
+from aggbench.train.scoring import ScoredBatch
+from aggbench.train.update import LossSettings, MiniBatch, accumulate_gradients, minibatch_weights
 from helpers.dp_fixture import fixed_batch, tiny_model
 
 HERE = Path(__file__).parent
@@ -29,9 +30,8 @@ def _single_process_grads() -> dict[str, list[torch.Tensor]]:
     for name, inst in builtin_instances().items():
         eff, aux_w = minibatch_weights(inst, batch.response_mask, adv, gids, "token-mean")
         model.zero_grad(set_to_none=True)
-        accumulate_gradients(
-            model, batch, batch.response_mask, adv, rows, rows, eff, aux_w, settings, old=old
-        )
+        scored = ScoredBatch(batch, batch.response_mask, adv, gids)
+        accumulate_gradients(model, scored, MiniBatch.whole(rows, eff, aux_w), settings, old=old)
         out[name] = [p.grad.detach().clone() for p in model.parameters()]
     return out
 

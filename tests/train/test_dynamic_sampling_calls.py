@@ -9,7 +9,7 @@ from __future__ import annotations
 from aggbench.config import TrainConfig
 from aggbench.tiny.model import build_tiny_model
 from aggbench.train import parallel
-from aggbench.train.sampling import rollouts_with_rewards
+from aggbench.train.sampling import Sampler, sample
 from helpers.sampling_fakes import CountingEngine, Ordered
 
 
@@ -39,8 +39,8 @@ def test_ranks_make_different_numbers_of_generate_calls_in_one_step(tmp_path):
     calls = {}
     for rank in (0, 1):
         engine = CountingEngine()
-        slots = parallel.my_groups(4, parallel.Ranks(rank, 2))
-        rollouts_with_rewards(cfg, engine, tok, records, stream, slots, 1, reward, {}, rank)
+        slots = parallel.Ranks(rank, 2).my_groups(4)
+        sample(Sampler(cfg, engine, tok, records, reward, {}, rank), stream=stream, slots=slots, step=1)
         calls[rank] = engine.calls
     # rank 1's groups all have reward variance: one round; rank 0 refills its constant groups once
     assert calls == {0: 2, 1: 1}

@@ -9,7 +9,7 @@ import pytest
 from aggbench.config import TrainConfig
 from aggbench.tiny.model import build_tiny_model
 from aggbench.train.batching import PromptStream, prompt_indices
-from aggbench.train.sampling import rollouts_with_rewards
+from aggbench.train.sampling import Sampler, sample
 from helpers.sampling_fakes import CountingEngine, Ordered
 
 
@@ -58,9 +58,13 @@ def test_refills_read_the_next_unread_prompts_and_the_filter_is_counted_before(t
     grader = Grader()
     stream = Ordered(len(kinds), 0)
     cfg = _cfg(tmp_path, dynamic_sampling_max_rounds=3)
-    roll, recs, rewards, stats = rollouts_with_rewards(
-        cfg, CountingEngine(), tok, _records(kinds), stream, [0, 1, 2, 3], 1, grader, {}, 0
+    got = sample(
+        Sampler(cfg, CountingEngine(), tok, _records(kinds), grader),
+        stream=stream,
+        slots=[0, 1, 2, 3],
+        step=1,
     )
+    recs, rewards, stats = got.records, got.rewards, got.stats
     # round 0 keeps 1 and 3; round 1 refills the 2 missing from the next block (4, 5: both flat);
     # round 2 from the block after (8, 9). No prompt is drawn twice, none from elsewhere.
     assert grader.rounds == [[0, 1, 2, 3], [4, 5], [8, 9]]
@@ -76,9 +80,9 @@ def test_refills_read_the_next_unread_prompts_and_the_filter_is_counted_before(t
 def test_without_dynamic_sampling_nothing_is_filtered(tmp_path, tok):
     kinds = ["solved", "mixed", "flat", "mixed"]
     cfg = _cfg(tmp_path, dynamic_sampling=False)
-    _, recs, rewards, stats = rollouts_with_rewards(
-        cfg, CountingEngine(), tok, _records(kinds), Ordered(4, 0), [0, 1, 2, 3], 1, Grader(), {}, 0
-    )
+    sampler = Sampler(cfg, CountingEngine(), tok, _records(kinds), Grader())
+    got = sample(sampler, stream=Ordered(4, 0), slots=[0, 1, 2, 3], step=1)
+    recs, rewards, stats = got.records, got.rewards, got.stats
     assert len(recs) == 4 and len(rewards) == 8
     assert (stats.rounds, stats.groups_sampled, stats.groups_filtered) == (1, 4, 0)
     assert (stats.correct, stats.responses) == (4, 8)
@@ -97,9 +101,8 @@ def test_an_epoch_of_steps_draws_every_prompt_at_most_once(tmp_path, tok):
     drawn: list[int] = []
     while stream.cursor + 3 * 4 <= n:  # steps that stay inside the first epoch
         grader = Grader()
-        *_, stats = rollouts_with_rewards(
-            cfg, CountingEngine(), tok, _records(kinds), stream, [0, 1, 2, 3], 1, grader, {}, 0
-        )
+        sampler = Sampler(cfg, CountingEngine(), tok, _records(kinds), grader)
+        stats = sample(sampler, stream=stream, slots=[0, 1, 2, 3], step=1).stats
         drawn += [i for r in grader.rounds for i in r]
         stream.advance(stats.rounds, 4)
     assert len(drawn) > 20 and len(drawn) == len(set(drawn))

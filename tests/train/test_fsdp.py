@@ -313,10 +313,10 @@ def test_bad_multi_rank_settings_are_refused_before_starting(tmp_path, monkeypat
 
 
 def test_fsdp_needs_decoder_layers():
-    from aggbench.train import parallel
+    from aggbench.train.parallel.fsdp import decoder_layers
 
     with pytest.raises(ConfigError, match="no decoder layers in Linear"):
-        parallel.decoder_layers(torch.nn.Linear(2, 2))
+        decoder_layers(torch.nn.Linear(2, 2))
 
 
 def _torchrun_cli(cell: Path, out: Path, fault: str | None = None) -> subprocess.CompletedProcess:

@@ -11,7 +11,8 @@ import torch
 
 from aggbench.aggregation import builtin_instances
 from aggbench.train.batching import pack
-from aggbench.train.update import LossSettings, accumulate_gradients, minibatch_weights
+from aggbench.train.scoring import ScoredBatch
+from aggbench.train.update import LossSettings, MiniBatch, accumulate_gradients, minibatch_weights
 from helpers.dp_fixture import fixed_batch, tiny_model
 
 
@@ -26,9 +27,8 @@ def _run(micro: int, rule) -> tuple[float, list[torch.Tensor]]:
     settings = LossSettings(kl_coef=0.1, entropy_coef=0.01, dual_clip=3.0, micro_batch_size=micro)
     eff, aux_w = minibatch_weights(rule, batch.response_mask, adv, gids, "token-mean")
     rows = torch.arange(8)
-    stats = accumulate_gradients(
-        model, batch, batch.response_mask, adv, rows, rows, eff, aux_w, settings, old=old, ref=ref
-    )
+    scored = ScoredBatch(batch, batch.response_mask, adv, gids)
+    stats = accumulate_gradients(model, scored, MiniBatch.whole(rows, eff, aux_w), settings, old=old, ref=ref)
     total = stats["pg_loss"] + 0.1 * stats["kl"] - 0.01 * stats["entropy"]
     return total, [p.grad.detach().clone() for p in model.parameters()]
 

@@ -42,7 +42,7 @@ engine step, ``LLMEngine.has_unfinished_requests_dp``) and deadlock unless every
 each rank refills its own zero-variance groups, so the counts differ from rank to rank. With
 ``data_parallel_size`` 1 the ranks form vLLM's "external DP" dimension, which its code describes as
 "every dp rank can generate independently (in verl integration)": verl's layout. The data is split
-outside vLLM: each rank generates its own prompt groups (``parallel.my_groups``). The trainer's
+outside vLLM: each rank generates its own prompt groups (``Ranks.my_groups``). The trainer's
 FSDP2 parameters are sharded DTensors; ``iter_weights`` gathers each one whole
 (``DTensor.full_tensor``, a collective every rank runs in the same order).
 """

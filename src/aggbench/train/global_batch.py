@@ -73,13 +73,3 @@ def gather_minibatch(lengths: Tensor, advantages: Tensor, group_ids: Tensor) -> 
         offset=sum(counts[:rank]),
         count=counts[rank],
     )
-
-
-def allreduce_grads_sum(model: torch.nn.Module) -> None:
-    """Sum every parameter's gradient over ranks (in place)."""
-    _, size = world()
-    if size == 1:
-        return
-    for p in model.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)

@@ -5,7 +5,8 @@ Design decisions, stated first:
 1. One process trains one cell, or one *segment* of it (``until_step``) that ends at a checkpoint,
    so a SLURM walltime bounds a segment, not a 7B run. A run directory is locked while trained.
 2. A step is one rollout batch: sample P prompts -> G responses each -> rewards -> group
-   advantages -> ``mini_batches`` x ``ppo_epochs`` optimiser updates.
+   advantages -> ``mini_batches`` x ``ppo_epochs`` optimiser updates, as named stages with typed
+   values between them (``aggbench.train.step``); this module sets a segment up around them.
 3. The aggregation rule is a weighting of the WHOLE optimiser mini-batch: effective advantages (and
    the KL/entropy token weights) are computed once per mini-batch, before it is cut into
    micro-batches; each micro-batch's loss is a plain token sum, so accumulation is exact.
@@ -36,7 +37,6 @@ import json
 import logging
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,9 +57,12 @@ from aggbench.data.training import read_training_records
 from aggbench.files import write_atomic
 from aggbench.modeldir import loading, require_positions, require_weights
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_status, run_tags
-from aggbench.train import batching, checkpoint, engine_checks, parallel, prompt_fit, sampling, step_log
-from aggbench.train.global_batch import gather_minibatch
-from aggbench.train.update import LossSettings, accumulate_gradients, fixed_logprobs, minibatch_weights
+from aggbench.train import batching, checkpoint, parallel, prompt_fit, step_log
+from aggbench.train.parallel import Ranks
+from aggbench.train.sampling import Sampler
+from aggbench.train.scoring import Scoring
+from aggbench.train.step import Segment, run_step
+from aggbench.train.update import Policy, UpdateSettings
 
 log = logging.getLogger("aggbench.train.loop")
 
@@ -76,14 +79,14 @@ def fault(point: str, step: int | None = None) -> None:
         os._exit(17)
 
 
-def _device_and_dtype(cfg: TrainConfig, ranks: parallel.Ranks) -> tuple[torch.device, torch.dtype, Any]:
+def _device_and_dtype(cfg: TrainConfig, ranks: Ranks) -> tuple[torch.device, torch.dtype, Any]:
     dev = cfg.device
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
     device = ranks.device or torch.device(dev)
     if cfg.precision == "fp64":
         return device, torch.float64, contextlib.nullcontext
-    if cfg.precision == "bf16" and not ranks.fsdp:  # (FSDP: its MixedPrecisionPolicy casts instead)
+    if cfg.precision == "bf16" and not ranks.casts_bf16:  # (FSDP: its MixedPrecisionPolicy casts instead)
         # fp32 master weights and optimizer state; bf16 autocast for forward passes and generation
         return device, torch.float32, lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return device, torch.float32, contextlib.nullcontext
@@ -101,28 +104,6 @@ class Prepared:
     estimator: Any
     records: list[dict] | None
     allow_change: bool = False
-
-
-@dataclass
-class Policy:
-    """The trained model and what updates it; ``ref_model`` only with a KL term."""
-
-    model: torch.nn.Module
-    ref_model: torch.nn.Module | None
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    autocast: Any
-
-
-@dataclass
-class StepBatch:
-    """This rank's rows of one rollout batch: packed batch, loss mask [b, T], advantages [b],
-    group ids [b] (global positions in the step's prompt list)."""
-
-    batch: Any
-    mask: torch.Tensor
-    adv: torch.Tensor
-    gids: torch.Tensor
 
 
 def train(
@@ -150,10 +131,10 @@ def train(
     prep = Prepared(plugin_files, rule, estimator, records, allow_config_change)
     ranks = parallel.setup(cfg)
     try:
-        with parallel.run_lock(out, ranks):  # creates the run directory
+        with ranks.run_lock(out):  # creates the run directory
             return _train_locked(cfg, out, last, quiet or not ranks.main, ranks, prep)
     finally:
-        parallel.teardown(ranks)
+        ranks.teardown()
 
 
 def _resolve(cfg: TrainConfig) -> tuple[list[Path], Any, Any]:
@@ -208,9 +189,7 @@ def open_tracker(cfg: TrainConfig, out: Path, *, allow_change: bool = False) -> 
     return tracker
 
 
-def _train_locked(
-    cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: parallel.Ranks, prep: Prepared
-) -> dict:
+def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: Ranks, prep: Prepared) -> dict:
     """One segment under the run lock; on rank 0 the MLflow run's status follows it (``run_status``)."""
     tracker = None
     if cfg.tracking.enabled and ranks.main:  # before config.resolved.yaml is rewritten
@@ -225,163 +204,67 @@ def _train_segment(
     out: Path,
     last: int,
     quiet: bool,
-    ranks: parallel.Ranks,
+    ranks: Ranks,
     prep: Prepared,
     tracker: MlflowRun | None,
 ) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from aggbench.prompts import stop_token_ids
-    from aggbench.rollout import make_engine
+    """Set up the segment (run files, model, optimizer, engine, the prompt stream at its cursor),
+    run its steps (``aggbench.train.step``), checkpoint, and tear down."""
     from aggbench.train.rewards import RewardFn
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    a, s = cfg.algorithm, cfg.sampling
-    rule, estimator = prep.rule, prep.estimator
-    adv_kwargs = (
-        {"std": cfg.advantage.std, "eps": cfg.advantage.eps} if cfg.advantage.estimator == "grpo" else {}
-    )
-    device, dtype, autocast = _device_and_dtype(cfg, ranks)
-    main = ranks.main
+    a, main = cfg.algorithm, ranks.main
     if main:
         dump_config(cfg, layout.resolved_config_file(out))
         if not layout.rule_file(out).exists():  # what the run was started with, kept on resumes
-            write_atomic(layout.rule_file(out), json.dumps(rule.describe(), indent=2) + "\n")
+            write_atomic(layout.rule_file(out), json.dumps(prep.rule.describe(), indent=2) + "\n")
         checkpoint.clean_partial(out)
     ranks.barrier()
-
     # ---- resume point: the latest complete checkpoint with trainer state
     start = checkpoint.latest_resumable(out) or 0
     if start >= last:
         log.info("%s: already at step %d (asked for %d); nothing to do", cfg.resolved_cell_id, start, last)
         return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": start}
     records = prep.records if prep.records is not None else _check_inputs(cfg, start)  # (another job ran)
-    with checkpoint.opening(out, start, cfg.model.path) as model_dir:  # step_N, or model.path
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    # over-long prompts leave before any is drawn, and before the weights load (prompt_fit)
-    report = layout.prompt_filter_file(out) if main else None
-    records = prompt_fit.fit_training_records(cfg, tokenizer, records, report)
-    with checkpoint.opening(out, start, cfg.model.path) as model_dir:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    model = parallel.prepare_model(model, ranks, cfg, device)  # this device; FSDP: sharded
-    model.train()
-    ref_model = None
-    if a.kl_coef > 0:
-        with loading(cfg.model.path, what="model.path"):
-            ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).requires_grad_(False)
-        ref_model = parallel.prepare_model(ref, ranks, cfg, device, trainable=False).eval()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=a.betas, weight_decay=a.weight_decay)
-    # Warmup counts ROLLOUT steps, as verl's actor scheduler (stepped once per rollout step); with
-    # verl's factor current_step / warmup, rollout step s (1-based) trains at lr * (s-1) / warmup:
-    # the first step at lr 0 (verl's off-by-one, kept so the recipe's warmup means the same here)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda k: min(1.0, k / a.warmup_steps) if a.warmup_steps else 1.0
-    )
-    policy = Policy(model, ref_model, optimizer, scheduler, autocast)
-    state = parallel.load(out, start, model, optimizer, ranks) if start else None
-    if state is not None:  # optimizer (FSDP: and model shards), scheduler, RNG
-        scheduler.load_state_dict(state["scheduler"])
+    tokenizer, records = _fit_prompts(cfg, out, start, records, main)
+    policy, model_dir, state = _open_policy(cfg, out, start, ranks)
     cursor = checkpoint.prompt_cursor(state, start, a.prompts_per_step)
-    stream = batching.PromptStream(len(records), cfg.seed, cursor)  # where the prompts are read on
     metrics_log = MetricsLog(out / "metrics.jsonl")
     if main:
         metrics_log.truncate_after(start)
     if tracker is not None:
         tracker.set_tags(run_tags(cfg, prep.rule, prep.plugin_files))
         tracker.sync(metrics_log.read(), upto=start)  # fills in steps a crash kept from MLflow
-
     reward_fn = RewardFn(cfg.dataset.grader)
-    engine = make_engine(
-        cfg.rollout.engine,
-        model,
-        tokenizer,
-        batch_size=cfg.rollout.batch_size,
-        model_path=str(model_dir),
-        gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-        tensor_parallel_size=cfg.rollout.tensor_parallel_size,
-        max_model_len=cfg.sampling.max_prompt_tokens + cfg.sampling.max_new_tokens,
-        seed=cfg.seed,
-        dtype=cfg.rollout.dtype,
-        enable_sleep_mode=cfg.rollout.enable_sleep_mode,
-        in_process=True,  # the weight push needs tensors to reach the worker (rollout/vllm.py)
-        stop_token_ids=stop_token_ids(tokenizer, cfg.model.stop_tokens),
-    )
-    prompt_kw = prompt_fit.prompt_options(cfg)
+    engine = _open_engine(cfg, policy.model, tokenizer, model_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    probe = None  # (prompt, response) the engine and the policy score after every push
+    seg = Segment(
+        cfg=cfg,
+        ranks=ranks,
+        policy=policy,
+        sampler=Sampler(
+            cfg, engine, tokenizer, records, reward_fn, prompt_fit.prompt_options(cfg), ranks.rank
+        ),
+        scoring=Scoring.from_config(cfg, prep.estimator, pad_id),
+        updating=UpdateSettings.from_config(cfg),
+        rule=prep.rule,
+        stream=batching.PromptStream(len(records), cfg.seed, cursor),  # where the prompts are read on
+    )
     bar = step_log.progress(
         range(start + 1, last + 1), quiet, cfg.resolved_cell_id, initial=start, total=a.total_steps
     )
     try:
         for step in bar:
-            t0 = time.perf_counter()
-            # ---- 1. rollouts: G samples per prompt (dynamic sampling refills zero-variance groups);
-            # this rank's share of the prompts, group ids = positions in the step's prompt list
-            slots = parallel.my_groups(a.prompts_per_step, ranks)
-            # vLLM samples from its own copy of the weights: no need to gather the FSDP shards
-            with autocast(), parallel.full_params(model if cfg.rollout.engine == "hf" else None, ranks):
-                roll, recs, rewards, sampled = sampling.rollouts_with_rewards(
-                    cfg, engine, tokenizer, records, stream, slots, step, reward_fn, prompt_kw, ranks.rank
-                )
-            # every round read one block of the stream: the rank that ran the most decides
-            stream.advance(parallel.max_over_ranks(sampled.rounds, ranks), a.prompts_per_step)
-            t_gen = time.perf_counter() - t0
-            # ---- 2. rewards -> group advantages (overlong shaping first)
-            lengths = [len(r) for r in roll.response_ids]
-            shaped = [
-                r + p
-                for r, p in zip(
-                    rewards,
-                    batching.soft_overlong_penalty(
-                        lengths, s.max_new_tokens, a.overlong.buffer, a.overlong.penalty
-                    ),
-                    strict=True,
-                )
-            ]
-            gids = torch.tensor(roll.group, dtype=torch.long)
-            adv = estimator(torch.tensor(shaped, dtype=torch.float64), gids, **adv_kwargs)
-            batch = batching.pack(roll, pad_id)
-            mask = batch.response_mask.clone()
-            if a.overlong.filter:  # truncated responses leave the loss entirely (DAPO overlong filter)
-                truncated = torch.tensor([not f for f in roll.finished])
-                mask[truncated] = False
-                adv = torch.where(truncated, torch.zeros_like(adv), adv)
-            # ---- 3. updates: weights of each mini-batch computed once, before micro-batching
-            t1 = time.perf_counter()
-            upd = _update(cfg, ranks, policy, StepBatch(batch, mask, adv, gids), rule, step)
-            # vLLM: push the updated policy (and check it arrived); HF shares the weights
-            probe = probe or engine_checks.push_probe(cfg.rollout, roll)
-            checks = engine_checks.gap_of(roll, upd.behaviour, lengths)
-            own = functools.partial(_own, policy, probe, ranks)
-            before, after = engine_checks.push_and_check(engine, model, probe, own)
-            if checks is not None:
-                checks.push_before, checks.push_after = before, after
-            t_upd = time.perf_counter() - t1
-            # ---- 4. metrics (source of truth first; whole batch, on rank 0), rollouts, checkpoint, MLflow
-            sample = step_log.rollout_rows(step, roll, recs, rewards, adv, cfg.rollout.save_rollouts)
-            parts = parallel.gather_to_main(
-                step_log.RankPart(rewards, roll.finished, upd.unit_loss, sample, sampled, checks), ranks
-            )
-            if main:
-                row = step_log.step_metrics(step, parts, rule, upd, t_gen, t_upd, scheduler)
-                metrics_log.append(row)
-                rows = [r for p in parts for r in p.rollouts]
-                step_log.save_rollouts(out, step, rows, cfg.rollout.save_rollouts)
-            scheduler.step()  # once per rollout step (above), after the row logged the lr it used
+            result = run_step(seg, step, after_backward=functools.partial(fault, "mid_step", step))
+            if main:  # the source of truth first
+                metrics_log.append(result.row)
+                step_log.save_rollouts(out, step, result.rollouts, cfg.rollout.save_rollouts)
+            policy.scheduler.step()  # once per rollout step, after the row logged the lr it used
             if step % cfg.checkpoint.every == 0 or step == last:
-                fault("after_metrics", step)
-                state = {"step": step, "scheduler": scheduler.state_dict(), "prompt_cursor": stream.cursor}
-                at_step = functools.partial(fault, step=step)
-                parallel.save(out, step, model, tokenizer, optimizer, state, ranks, fault=at_step)
-                if main:
-                    checkpoint.apply_retention(
-                        out, step, cfg.checkpoint.keep_weights, cfg.checkpoint.eval_steps
-                    )
-                if tracker is not None:
-                    tracker.sync(metrics_log.read(), upto=step)
+                _checkpoint(seg, out, step, tokenizer, metrics_log, tracker)
             if main:
-                step_log.report(bar, quiet, cfg.resolved_cell_id, row, a.total_steps)
+                step_log.report(bar, quiet, cfg.resolved_cell_id, result.row, a.total_steps)
     finally:
         reward_fn.close()
         if hasattr(engine, "close"):  # vLLM: before the process group goes (VLLMEngine.close)
@@ -389,95 +272,82 @@ def _train_segment(
     return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": last}
 
 
-def _own(policy: Policy, probe: tuple[list[int], list[int]], ranks: parallel.Ranks) -> list[float]:
-    """The updated policy's log-probs of the probe (FSDP: every rank runs it, parameters gathered)."""
-    with parallel.full_params(policy.model, ranks):
-        return engine_checks.policy_logprobs(policy.model, *probe, autocast=policy.autocast)
+def _fit_prompts(
+    cfg: TrainConfig, out: Path, start: int, records: list[dict], main: bool
+) -> tuple[Any, list]:
+    """The tokenizer, and the records whose prompts fit ``sampling.max_prompt_tokens``: over-long
+    prompts leave before any is drawn, and before the weights load (``prompt_fit``)."""
+    from transformers import AutoTokenizer
+
+    with checkpoint.opening(out, start, cfg.model.path) as model_dir:  # step_N, or model.path
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    report = layout.prompt_filter_file(out) if main else None
+    return tokenizer, prompt_fit.fit_training_records(cfg, tokenizer, records, report)
 
 
-def _update(
-    cfg: TrainConfig, ranks: parallel.Ranks, policy: Policy, sb: StepBatch, rule: Any, step: int
-) -> step_log.UpdateTotals:
-    """ppo_epochs x mini_batches optimiser updates on one rollout batch (design decision 3).
+def _open_policy(cfg: TrainConfig, out: Path, start: int, ranks: Ranks) -> tuple[Policy, Path, dict | None]:
+    """The policy at ``start`` (step_N, or model.path), on this rank (FSDP: sharded), the KL
+    reference, the optimizer and the LR schedule, and the trainer state restored from step_N
+    (optimizer, scheduler, RNG; None on a fresh run). Returns (policy, model directory, state)."""
+    from transformers import AutoModelForCausalLM
 
-    ``sb`` holds this rank's rows (all of them on one process); the weights of every mini-batch
-    come from the whole batch's (lengths, advantages, group ids), all-gathered into ``view``.
-    """
     a = cfg.algorithm
-    model, ref_model, optimizer, autocast = policy.model, policy.ref_model, policy.optimizer, policy.autocast
-    batch, mask, adv, gids = sb.batch, sb.mask, sb.adv, sb.gids
-    settings = _loss_settings(cfg)
-    with parallel.full_params(model, ranks):
-        old = fixed_logprobs(model, batch, settings, autocast) if a.ppo_epochs * a.mini_batches > 1 else None
-    with parallel.full_params(ref_model, ranks):
-        ref = fixed_logprobs(ref_model, batch, settings, autocast) if ref_model is not None else None
-    view = gather_minibatch(mask.sum(1), adv, gids)  # rows of every rank, rank order
-    view.mask = _widen(view.mask, parallel.max_over_ranks(mask.shape[1], ranks))  # the batch's width
-    row_map = view.row_map()  # position in the view -> this rank's row (-1: another rank's)
-    unit_loss = torch.zeros(mask.shape, dtype=torch.float64)
-    # the behaviour log-probs: `old` when computed, else those of the one (on-policy) pass
-    seen = torch.zeros(mask.shape, dtype=torch.float64) if old is None else None
-    sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0}
-    norms = []
-    # the same every epoch; under dynamic sampling fewer groups than mini-batches can be left, and
-    # an empty mini-batch is no update (a rule needs rows; every rank skips it: the split is global)
-    minibatches = [mb for mb in batching.split_groups(view.group_ids, a.mini_batches) if len(mb)]
-    for epoch in range(a.ppo_epochs):
-        for mb in minibatches:
-            eff, aux_w = minibatch_weights(
-                rule, view.mask[mb], view.advantages[mb], view.group_ids[mb], a.aux_reduction
-            )  # once, on the whole mini-batch
-            local = view.local_in(mb)  # this rank's part of it
-            owed = parallel.missing_passes(len(local), settings.micro_batch_size, ranks)
-            stats = accumulate_gradients(
-                model,
-                batch,
-                mask,
-                adv,
-                row_map[mb],
-                local,
-                _widen(eff, mask.shape[1]),
-                _widen(aux_w, mask.shape[1]),
-                settings,
-                old=old,
-                ref=ref,
-                autocast=autocast,
-                unit_loss_out=unit_loss if epoch == 0 else None,
-                logp_out=seen if epoch == 0 else None,
-                after_backward=lambda: fault("mid_step", step),
-            )
-            parallel.finish_backward(model, batch, owed, settings, autocast, ranks)  # SUM over ranks
-            norms.append(parallel.clip_grad_norm(model, a.max_grad_norm))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            for k, v in stats.items():
-                sums[k] += v
-    sums = parallel.sum_over_ranks(sums, ranks)
-    return step_log.UpdateTotals(
-        **sums,
-        grad_norm=sum(norms),
-        updates=len(norms),
-        unit_loss=unit_loss,
-        view=view,
-        behaviour=old.float() if old is not None else seen.float(),
-        minibatches=minibatches,
+    device, dtype, autocast = _device_and_dtype(cfg, ranks)
+    with checkpoint.opening(out, start, cfg.model.path) as model_dir:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model = ranks.prepare_model(model, cfg, device)  # this device; FSDP: sharded
+    model.train()
+    ref_model = None
+    if a.kl_coef > 0:
+        with loading(cfg.model.path, what="model.path"):
+            ref = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype).requires_grad_(False)
+        ref_model = ranks.prepare_model(ref, cfg, device, trainable=False).eval()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=a.betas, weight_decay=a.weight_decay)
+    # Warmup counts ROLLOUT steps, as verl's actor scheduler (stepped once per rollout step); with
+    # verl's factor current_step / warmup, rollout step s (1-based) trains at lr * (s-1) / warmup:
+    # the first step at lr 0 (verl's off-by-one, kept so the recipe's warmup means the same here)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda k: min(1.0, k / a.warmup_steps) if a.warmup_steps else 1.0
+    )
+    state = ranks.load(out, start, model, optimizer) if start else None
+    if state is not None:  # optimizer (FSDP: and model shards), scheduler, RNG
+        scheduler.load_state_dict(state["scheduler"])
+    return Policy(model, ref_model, optimizer, scheduler, autocast), model_dir, state
+
+
+def _open_engine(cfg: TrainConfig, model: torch.nn.Module, tokenizer: Any, model_dir: Path) -> Any:
+    """The rollout engine (``rollout.engine``: hf shares the policy's weights; vLLM holds its own)."""
+    from aggbench.prompts import stop_token_ids
+    from aggbench.rollout import make_engine
+
+    r = cfg.rollout
+    return make_engine(
+        r.engine,
+        model,
+        tokenizer,
+        batch_size=r.batch_size,
+        model_path=str(model_dir),
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        tensor_parallel_size=r.tensor_parallel_size,
+        max_model_len=cfg.sampling.max_prompt_tokens + cfg.sampling.max_new_tokens,
+        seed=cfg.seed,
+        dtype=r.dtype,
+        enable_sleep_mode=r.enable_sleep_mode,
+        in_process=True,  # the weight push needs tensors to reach the worker (rollout/vllm.py)
+        stop_token_ids=stop_token_ids(tokenizer, cfg.model.stop_tokens),
     )
 
 
-def _widen(x: torch.Tensor, width: int) -> torch.Tensor:
-    """[B, T] -> [B, max(T, width)], zero-padded on the right (weights of padding are zero)."""
-    return torch.nn.functional.pad(x, (0, width - x.shape[1])) if x.shape[1] < width else x
-
-
-def _loss_settings(cfg: TrainConfig) -> LossSettings:
-    a = cfg.algorithm
-    return LossSettings(
-        clip_low=a.clip_low,
-        clip_high=a.clip_high,
-        dual_clip=a.dual_clip,
-        kl_coef=a.kl_coef,
-        entropy_coef=a.entropy_coef,
-        aux_reduction=a.aux_reduction,
-        temperature=cfg.sampling.temperature,
-        micro_batch_size=a.micro_batch_size,
-    )
+def _checkpoint(
+    seg: Segment, out: Path, step: int, tokenizer: Any, metrics_log: MetricsLog, tracker: MlflowRun | None
+) -> None:
+    """``step_N`` (every rank), the retention policy (rank 0), then MLflow up to ``step``."""
+    cfg, ranks, policy = seg.cfg, seg.ranks, seg.policy
+    fault("after_metrics", step)
+    state = {"step": step, "scheduler": policy.scheduler.state_dict(), "prompt_cursor": seg.stream.cursor}
+    at_step = functools.partial(fault, step=step)
+    ranks.save(out, step, policy.model, tokenizer, policy.optimizer, state, fault=at_step)
+    if ranks.main:
+        checkpoint.apply_retention(out, step, cfg.checkpoint.keep_weights, cfg.checkpoint.eval_steps)
+    if tracker is not None:
+        tracker.sync(metrics_log.read(), upto=step)

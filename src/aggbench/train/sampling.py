@@ -1,11 +1,11 @@
 """Rollouts of one step: generate, grade, and (dynamic sampling) refill zero-variance groups.
 
-Split from ``aggbench.train.loop`` so the loop reads top to bottom. What it decides:
+The step's first stage (``aggbench.train.step``): ``sample(sampler, ...) -> SampledBatch``. What it decides:
 
 1. Prompts come from the epoch stream (``batching.PromptStream``): read in order, so without
    replacement within an epoch, as verl's dataloader. Sampling round ``r`` of a step reads block
    ``r`` (``prompts_per_step`` positions after the cursor); rank k uses the positions of its own
-   groups (``parallel.my_groups``), as it does in round 0. This follows verl's DAPO trainer, where
+   groups (``Ranks.my_groups``), as it does in round 0. This follows verl's DAPO trainer, where
    every generation round takes the next batch from the dataloader and the groups it does not need
    are dropped: a refill block is consumed whole, but only the prompts a rank is short are
    generated (the first ones of its positions), and the rest of the block is skipped, not put
@@ -17,9 +17,12 @@ Split from ``aggbench.train.loop`` so the loop reads top to bottom. What it deci
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from aggbench import seeds
+from aggbench.rollout.base import Rollouts
 from aggbench.train import prompt_fit
 from aggbench.train.batching import PromptStream
 
@@ -38,19 +41,45 @@ class SamplingStats:
     responses: int = 0
 
 
-def rollouts_with_rewards(
-    cfg, engine, tokenizer, records, stream: PromptStream, slots, step, reward_fn, prompt_kw, rank
-):
+@dataclass
+class Sampler:
+    """What sampling needs that stays fixed for a segment: the cell's config (``algorithm``,
+    ``sampling``, ``rollout``, ``seed``), the rollout engine, the tokenizer, the training records,
+    the reward function ((responses, answers) -> rewards), the prompt options
+    (``prompt_fit.prompt_options``) and this process's rank (``rollout.seeding: call``)."""
+
+    cfg: Any
+    engine: Any
+    tokenizer: Any
+    records: list[dict]
+    reward_fn: Callable[[list[str], list[Any]], list[float]]
+    prompt_kw: dict[str, Any] = field(default_factory=dict)
+    rank: int = 0
+
+
+@dataclass
+class SampledBatch:
+    """One rank's rollouts of one step, whole prompt groups: ``rollouts`` (token ids, texts,
+    finished flags; ``group`` = the groups' global ids, positions in the step's prompt list),
+    ``records`` {group id: training record}, ``rewards`` [b] (the verifiable reward of each
+    response, before any shaping) and what sampling did (``stats``)."""
+
+    rollouts: Rollouts
+    records: dict[int, dict]
+    rewards: list[float]
+    stats: SamplingStats
+
+
+def sample(sampler: Sampler, *, stream: PromptStream, slots: list[int], step: int) -> SampledBatch:
     """Generate, grade, and (dynamic sampling) refill zero-variance groups; returns whole groups.
 
     stream: the prompt stream at this step's cursor (not moved here: the caller advances it by the
     rounds of every rank); slots: the positions in the step's block this rank samples, which become
-    the (globally unique) group ids of the groups kept, in order. Returns (rollouts, {group id:
-    record}, rewards, :class:`SamplingStats`).
+    the (globally unique) group ids of the groups kept, in order.
     """
     from aggbench.prompts import encode_prompts
-    from aggbench.rollout.base import Rollouts
 
+    cfg, records = sampler.cfg, sampler.records
     a, s = cfg.algorithm, cfg.sampling
     per_step = a.prompts_per_step
     kept, kept_recs, kept_rewards = [], [], []
@@ -60,9 +89,9 @@ def rollouts_with_rewards(
     while True:
         recs = [records[i] for i in pending]
         texts = [prompt_fit.prompt_text(cfg, r) for r in recs]
-        ids = encode_prompts(tokenizer, texts, max_tokens=s.max_prompt_tokens, **prompt_kw)
-        roll = generate(cfg, engine, ids, step, stats.rounds, keys, rank)
-        rewards = reward_fn(roll.texts, [recs[g]["answer"] for g in roll.group])
+        ids = encode_prompts(sampler.tokenizer, texts, max_tokens=s.max_prompt_tokens, **sampler.prompt_kw)
+        roll = generate(sampler, ids, step=step, rounds=stats.rounds, keys=keys)
+        rewards = sampler.reward_fn(roll.texts, [recs[g]["answer"] for g in roll.group])
         if stats.rounds == 0:
             stats.correct = sum(r > 0.5 for r in rewards)
             stats.responses = len(rewards)
@@ -92,20 +121,22 @@ def rollouts_with_rewards(
     else:  # every group had zero variance even after refills: train on the last draw (no signal)
         stats.groups_filtered -= len(recs)  # (so those were not dropped)
     roll.group = [slots[g] for g in roll.group]
-    return roll, {slots[g]: rec for g, rec in enumerate(recs)}, rewards, stats
+    return SampledBatch(roll, {slots[g]: rec for g, rec in enumerate(recs)}, rewards, stats)
 
 
-def generate(cfg, engine, ids, step, rounds, keys, rank):
-    """G samples of each prompt in one engine call, seeded as ``rollout.seeding`` says."""
+def generate(sampler: Sampler, ids: list[list[int]], *, step: int, rounds: int, keys: list) -> Rollouts:
+    """G samples of each prompt (token ids) in one engine call, seeded as ``rollout.seeding`` says;
+    ``keys``: each prompt's place in the step, (``"p"``: the step's own / ``"r"``: a refill, slot)."""
+    cfg = sampler.cfg
     a, s = cfg.algorithm, cfg.sampling
     seeding = cfg.rollout.seeding
     if seeding == "prompt":  # a function of the prompt's position in the step, not of the rank split
         seed = [seeds.prompt_group(cfg.seed, step, rounds, key) for key in keys]
     elif seeding == "call":
-        seed = seeds.rollout_call(cfg.seed, step, rounds, rank)
+        seed = seeds.rollout_call(cfg.seed, step, rounds, sampler.rank)
     else:
         seed = None
-    return engine.generate(
+    return sampler.engine.generate(
         ids,
         n=a.group_size,
         temperature=s.temperature,

@@ -1,6 +1,6 @@
-"""What one training step leaves behind: its metrics row (the source of truth, metrics.jsonl),
-the sampled rollouts (rollouts/step_N.jsonl) and the progress line. Split from aggbench.train.loop so
-the loop there reads top to bottom."""
+"""The step's last stage (``aggbench.train.step``): ``record(...) -> one metrics.jsonl row``, and
+what else a step leaves behind: the sampled rollouts (rollouts/step_N.jsonl) and the progress line.
+The row describes the whole batch (every rank's share, gathered to rank 0)."""
 
 from __future__ import annotations
 
@@ -16,32 +16,8 @@ from aggbench.aggregation.diagnostics import diagnostics
 from aggbench.files import atomic_writer
 from aggbench.train import engine_checks
 from aggbench.train.engine_checks import EngineStats
-from aggbench.train.global_batch import GlobalView
-from aggbench.train.sampling import SamplingStats
-
-
-@dataclass
-class UpdateTotals:
-    """What one step's optimiser updates add up to (summed over ranks and updates).
-
-    view: the whole batch every rank saw (mask [N, T], advantages [N], group ids [N], rank order);
-    minibatches: the row indices into ``view`` of each optimiser mini-batch (every epoch runs the
-    same ones), the weights of each computed on it alone: what the ``agg/*`` diagnostics use;
-    unit_loss: [b, T] this rank's per-token unit PG loss of the first epoch (diagnostics);
-    behaviour: [b, T] this rank's log-probs of the sampled tokens before the update (``old``).
-    """
-
-    pg_loss: float
-    kl: float
-    entropy: float
-    clipped: float
-    tokens: float
-    grad_norm: float
-    updates: int
-    unit_loss: torch.Tensor
-    view: GlobalView
-    behaviour: torch.Tensor
-    minibatches: list[torch.Tensor] | None = None
+from aggbench.train.sampling import SampledBatch, SamplingStats
+from aggbench.train.update import UpdateTotals
 
 
 @dataclass
@@ -59,11 +35,20 @@ class RankPart:
     engine: EngineStats | None = None
 
 
-def step_metrics(
-    step: int, parts: list[RankPart], rule: Any, upd: UpdateTotals, t_gen: float, t_upd: float, scheduler: Any
+@dataclass(frozen=True)
+class StepTiming:
+    """Wall seconds of the step's stages on rank 0: sampling (generation and grading), and the
+    update with the weight push."""
+
+    generate_s: float
+    update_s: float
+
+
+def record(
+    *, step: int, parts: list[RankPart], rule: Any, totals: UpdateTotals, timing: StepTiming, lr: float
 ) -> dict:
     """One metrics row of the whole batch; ``parts``: every rank's share in rank order, the order
-    of ``upd.view``.
+    of ``totals.view``; ``lr``: the learning rate the step's updates used.
 
     ``reward/mean``, ``accuracy`` and the ``len/*``, ``groups/total`` and ``groups/zero_variance``
     statistics describe the batch trained on (after dynamic sampling's filter); what sampling met
@@ -71,6 +56,7 @@ def step_metrics(
     ``groups/sampled`` and ``groups/filtered`` (every round). ``agg/*`` are the weights each
     mini-batch's update applied (``aggregation.diagnostics``).
     """
+    upd, t_gen, t_upd = totals, timing.generate_s, timing.update_s
     view = upd.view
     mask, adv, gids = view.mask, view.advantages, view.group_ids
     unit_loss = torch.zeros(mask.shape, dtype=torch.float64)
@@ -93,7 +79,7 @@ def step_metrics(
     row["entropy"] = upd.entropy / n_upd
     row["clip_frac"] = upd.clipped / max(upd.tokens, 1.0)
     row["grad_norm"] = upd.grad_norm / n_upd
-    row["lr"] = scheduler.get_last_lr()[0]
+    row["lr"] = lr
     row["time/generate_s"] = t_gen
     row["time/update_s"] = t_upd
     row["tokens_per_s"] = tokens / max(t_gen + t_upd, 1e-9)
@@ -112,8 +98,9 @@ def step_metrics(
     return row
 
 
-def rollout_rows(step: int, roll, recs, rewards, adv, n: int) -> list[dict]:
-    """The first ``n`` rollouts of this rank as rollouts/step_N.jsonl rows."""
+def rollout_rows(step: int, sampled: SampledBatch, adv: torch.Tensor, n: int) -> list[dict]:
+    """The first ``n`` rollouts of this rank as rollouts/step_N.jsonl rows; adv [b]: their advantages."""
+    roll, recs, rewards = sampled.rollouts, sampled.records, sampled.rewards
     rows = []
     for i in range(min(n, len(roll))):
         rec = recs[roll.group[i]]
