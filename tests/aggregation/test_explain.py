@@ -342,7 +342,8 @@ def test_a_rule_that_weights_tokens_unequally_is_reported_as_a_mean():
     """A (temporary) rule giving token t of a sequence the weight (t + 1) / 10: lengths 2 and 3
     get per-token weights 0.1, 0.2 (mean 0.15) and 0.1, 0.2, 0.3 (mean 0.2)."""
     from aggbench.aggregation import RuleInstance, register_rule
-    from aggbench.aggregation.explain import explain, format_table, make_batch
+    from aggbench.aggregation.explain import explain, make_batch
+    from aggbench.report.explain_render import format_table
 
     @register_rule("tmp_position_weighted")
     def tmp_position_weighted(mask, advantages, group_ids):

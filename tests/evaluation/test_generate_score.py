@@ -139,7 +139,8 @@ def test_generate_in_a_subprocess_is_reproducible(tiny_model, data_env, tmp_path
 
 
 def test_temperature_zero_is_greedy_and_copies_the_decode(tiny_model, data_env, tmp_path):
-    from aggbench.evaluation.generate import GenerateOptions, generate_benchmarks
+    from aggbench.evaluation.generate import generate_benchmarks
+    from aggbench.evaluation.options import GenerateOptions
 
     opts = GenerateOptions(limit=2, n=3, temperature=0.0, max_tokens=6, progress=False)
     info = generate_benchmarks(tiny_model, ["tiny_test"], tmp_path, opts)

@@ -12,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from aggbench import grid, layout
+from aggbench.evaluation.options import workflow_args
 
 R = str(grid.results_dir(config)).rstrip("/") or "."  # every output lives under here
 CELLS = {c.id: c for c in grid.cells(config)}
@@ -208,30 +209,13 @@ def prepare_model_args(model):
 
 
 def generate_args(model):
-    """Sampling options of `aggbench generate` (a change re-generates: they are params).
+    """Sampling options of `aggbench generate` (a change re-generates: they are params), from the
+    options' one declaration (aggbench.evaluation.options: WORKFLOW says which config key feeds each).
 
-    vLLM spans the generate job's GPUs with tensor parallelism (resources.generate.gpus, per model);
-    a different GPU count changes the reductions' order, so it counts as a sampling option too.
+    vLLM spans the generate job's GPUs with tensor parallelism (resources.generate.gpus, per model).
     """
-    m = config["models"][model]
-    args = ["--engine", EVAL["engine"], "--batch-size", str(EVAL["batch_size"])]
     gpus = int(_resource_value("generate", model, "gpus") or 0)
-    if EVAL["engine"] == "vllm" and gpus > 1:
-        args += ["--tensor-parallel-size", str(gpus)]
-    for key, flag in (("limit", "--limit"), ("n", "--n"), ("max_tokens", "--max-tokens")):
-        if EVAL.get(key) is not None:
-            args += [flag, str(EVAL[key])]
-    if m.get("max_context"):  # new tokens capped at the model's context minus the prompt
-        args += ["--max-context", str(m["max_context"])]
-    if m.get("system_prompt"):
-        args += ["--system-prompt", m["system_prompt"]]
-    if m.get("enable_thinking") is not None:
-        args.append("--enable-thinking" if m["enable_thinking"] else "--no-enable-thinking")
-    if m.get("chat_template") is False:
-        args.append("--no-chat-template")
-    for token in m.get("stop_tokens", []):
-        args += ["--stop-token", token]
-    return " ".join(shlex.quote(a) for a in args)
+    return " ".join(shlex.quote(a) for a in workflow_args(EVAL, config["models"][model], gpus))
 
 
 def cell_signature(cell):

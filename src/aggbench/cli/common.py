@@ -1,8 +1,10 @@
 """What the command lines share: the options that recur across commands, declared once, and the
 translation of bad-input errors into clean click errors (a message naming the file, line or key and
-the fix; no traceback).
+the fix; no traceback). The generation options are built from their declaration,
+``aggbench.evaluation.options.GenerateOptions``.
 
-Imports only click: every command module stays cheap to import (``aggbench --help`` is instant).
+Imports only click and that declaration (the standard library only): every command module stays
+cheap to import (``aggbench --help`` is instant).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+
+from aggbench.evaluation.options import FlagField, flag_fields
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -88,34 +92,43 @@ timeout_option = click.option(
     help="math: hard deadline per response [10 s]; code: per-test timeout [6 s].",
 )
 
+
+def _click_type(f: FlagField) -> Any:
+    if f.flag.choices:
+        return click.Choice(list(f.flag.choices))
+    if f.flag.directory:
+        return click.Path(file_okay=False)
+    if f.flag.min is None and f.flag.max is None:
+        return f.kind
+    ranged = click.IntRange if f.kind is int else click.FloatRange
+    return ranged(min=f.flag.min, max=f.flag.max, min_open=f.flag.min_open)
+
+
+def generate_option(name: str) -> Callable[[F], F]:
+    """The click option of the ``GenerateOptions`` field ``name`` (its parameter is the field)."""
+    f = flag_fields()[name]
+    kw: dict[str, Any] = {"default": f.default, "help": f.flag.help}
+    if f.flag.show_default:
+        kw["show_default"] = True
+    if f.flag.metavar:
+        kw["metavar"] = f.flag.metavar
+    if f.kind is bool:
+        return click.option(f"{f.flag.name}/--no-{f.flag.name.removeprefix('--')}", name, **kw)
+    if f.kind is tuple:
+        if f.default == ():
+            del kw["default"]  # a repeatable option's own default: nothing given
+        return click.option(f.flag.name, name, multiple=True, **kw)
+    return click.option(f.flag.name, name, type=_click_type(f), **kw)
+
+
+def generate_options(*names: str) -> Callable[[F], F]:
+    """The click options of these ``GenerateOptions`` fields, in the order given."""
+    return options(*(generate_option(name) for name in names))
+
+
 # How the model runs and how prompts are formatted: generation and the lm-eval cross-check.
-model_options = options(
-    click.option("--device", default=None, help="cpu, cuda, cuda:N or auto [auto: cuda when available]."),
-    click.option(
-        "--dtype",
-        type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-        default="auto",
-        show_default=True,
-        help="auto: bfloat16 on GPU, float32 on CPU.",
-    ),
-    click.option("--system-prompt", default=None, help="System message [YAML's system_prompt]."),
-    click.option(
-        "--enable-thinking/--no-enable-thinking",
-        default=None,
-        help="Qwen3 thinking switch passed to the chat template [template default].",
-    ),
-    click.option(
-        "--chat-template/--no-chat-template",
-        default=None,
-        help="Format prompts with the tokenizer's chat template [YAML's use_chat_template].",
-    ),
-    click.option(
-        "--data-dir",
-        type=click.Path(file_okay=False),
-        default=None,
-        help="Offline benchmark files [$AGGBENCH_DATA_DIR].",
-    ),
-)
+MODEL_OPTIONS = ("device", "dtype", "system_prompt", "enable_thinking", "chat_template", "data_dir")
+model_options = generate_options(*MODEL_OPTIONS)
 
 
 # --------------------------------------------------------------------------- errors

@@ -1,7 +1,8 @@
 """``aggbench generate`` / ``score`` / ``evaluate``: the command lines of :mod:`aggbench.evaluation.generate`.
 
-Thin on purpose: options are parsed here, the work is in :mod:`aggbench.evaluation.generate` (importing this
-module imports neither torch nor mlflow).
+Thin on purpose: options are parsed here (the generation options built from their declaration,
+:class:`aggbench.evaluation.options.GenerateOptions`), the work is in :mod:`aggbench.evaluation.generate`
+(importing this module imports neither torch nor mlflow).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from typing import Any
 import click
 
 from aggbench.cli.common import (
+    MODEL_OPTIONS,
     checkpoint_option,
     click_errors,
     dir_option,
+    generate_options,
     in_file_option,
     model_options,
     options,
@@ -25,6 +28,7 @@ from aggbench.cli.common import (
     timeout_option,
     workers_option,
 )
+from aggbench.evaluation.options import GenerateOptions, flag_fields
 
 
 class _ClickHandler(logging.Handler):
@@ -69,88 +73,15 @@ generation_options = options(
         callback=lambda c, p, v: _split(v),
         help="Comma-separated benchmark names or YAML paths (configs/benchmarks).",
     ),
-    click.option(
-        "--engine",
-        type=click.Choice(["hf", "vllm"]),
-        default="hf",
-        show_default=True,
-        help="hf: transformers generate (CPU/GPU); vllm: needs the `gpu` extra.",
-    ),
-    click.option("--limit", type=click.IntRange(min=1), default=None, help="First N problems only."),
-    click.option("--n", "n", type=click.IntRange(min=1), default=None, help="Samples per problem [YAML]."),
-    click.option(
-        "--temperature",
-        type=click.FloatRange(min=0),
-        default=None,
-        help="Sampling temperature [YAML]; 0 = greedy.",
-    ),
-    click.option(
-        "--top-p",
-        type=click.FloatRange(min=0, max=1, min_open=True),
-        default=None,
-        help="Nucleus sampling [YAML].",
-    ),
-    click.option(
-        "--max-tokens", type=click.IntRange(min=1), default=None, help="Max new tokens per response [YAML]."
-    ),
-    click.option("--seed", type=int, default=0, show_default=True, help="Base sampling seed."),
-    click.option(
-        "--batch-size",
-        type=click.IntRange(min=1),
-        default=64,
-        show_default=True,
-        help="Sequences per generate call (hf).",
-    ),
-    click.option(
-        "--tensor-parallel-size",
-        type=click.IntRange(min=1),
-        default=1,
-        show_default=True,
-        help="GPUs one vLLM engine spans (--engine vllm); the generate rule passes its job's gpus.",
-    ),
-    click.option(
-        "--max-context",
-        type=click.IntRange(min=2),
-        default=None,
-        help="Positions a prompt + response must fit in; new tokens are capped at it minus the prompt "
-        "[the checkpoint's max_position_embeddings; the generate rule passes models.<m>.max_context].",
-    ),
-    click.option(
-        "--stop-token",
-        "stop_tokens",
-        multiple=True,
-        metavar="TOKEN",
-        help="A vocabulary token that ends a response besides the model's EOS (repeatable), e.g. "
-        "<|im_end|>; the generate rule passes models.<m>.stop_tokens.",
-    ),
+    generate_options(*(name for name in flag_fields() if name not in MODEL_OPTIONS)),
     model_options,
     quiet_option(),
 )
 
 
-def _options(kw: dict[str, Any]):
-    from aggbench.evaluation.generate import GenerateOptions
-
-    return GenerateOptions(
-        engine=kw["engine"],
-        limit=kw["limit"],
-        n=kw["n"],
-        temperature=kw["temperature"],
-        top_p=kw["top_p"],
-        max_tokens=kw["max_tokens"],
-        seed=kw["seed"],
-        system_prompt=kw["system_prompt"],
-        enable_thinking=kw["enable_thinking"],
-        chat_template=kw["chat_template"],
-        batch_size=kw["batch_size"],
-        tensor_parallel_size=kw["tensor_parallel_size"],
-        max_context=kw["max_context"],
-        stop_tokens=tuple(kw["stop_tokens"]),
-        device=kw["device"],
-        dtype=kw["dtype"],
-        data_dir=kw["data_dir"],
-        progress=not kw["quiet"],
-    )
+def _options(kw: dict[str, Any]) -> GenerateOptions:
+    """The ``GenerateOptions`` of a command's keywords: every flagged field, and ``--quiet``."""
+    return GenerateOptions(**{name: kw[name] for name in flag_fields()}, progress=not kw["quiet"])
 
 
 @click.command(name="generate")

@@ -1,8 +1,14 @@
-"""``aggbench explain`` (what every rule does to MY batch) and ``aggbench rules`` (what is registered)."""
+"""``aggbench explain`` (what every rule does to MY batch) and ``aggbench rules`` (what is registered).
+
+Here: the options read into a batch (comma-separated lists or a rollouts JSONL file; errors are
+``BatchInputError`` naming the option, made a usage error), and the output printed. The numbers are
+``aggbench.aggregation.explain``'s, the table and the figure ``aggbench.report.explain_render``'s.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,21 +19,132 @@ import click
 from aggbench.aggregation.contract import RuleInstance, builtin_instances, get_rule, rule_names
 from aggbench.aggregation.explain import (
     BatchInputError,
+    GroupLabel,
     check_counts,
     explain,
-    format_table,
-    groups_from_size,
     make_batch,
-    parse_groups,
-    parse_lengths,
-    parse_rewards,
-    plot,
-    read_rollouts,
     to_json,
 )
 from aggbench.registry import RegistryError, did_you_mean, load_plugins
+from aggbench.report.explain_render import format_table, plot
 
 _EXAMPLE = "aggbench explain --lengths 10,500,20,30 --rewards 1,0,1,0 --group-size 2"
+
+
+# ----------------------------------------------------------------------------- reading the batch
+
+
+def _split(text: str, option: str) -> list[str]:
+    items = [s.strip() for s in text.split(",")]
+    if not text.strip() or any(s == "" for s in items):
+        raise BatchInputError(option, f"expected a comma-separated list like 10,500,20; got {text!r}")
+    return items
+
+
+def parse_lengths(text: str, option: str = "--lengths") -> list[int]:
+    """'10,500,20' -> [10, 500, 20]; every value a non-negative integer (positions are 1-based)."""
+    out = []
+    for pos, item in enumerate(_split(text, option), start=1):
+        try:
+            value = int(item)
+        except ValueError:
+            raise BatchInputError(option, f"value {item!r} at position {pos} is not an integer") from None
+        if value < 0:
+            raise BatchInputError(
+                option, f"value {value} at position {pos} is negative (a length counts tokens)"
+            )
+        out.append(value)
+    return out
+
+
+def parse_rewards(text: str, option: str = "--rewards") -> list[float]:
+    """'1,0,0.5' -> [1.0, 0.0, 0.5]; every value a finite number."""
+    out = []
+    for pos, item in enumerate(_split(text, option), start=1):
+        try:
+            value = float(item)
+        except ValueError:
+            raise BatchInputError(option, f"value {item!r} at position {pos} is not a number") from None
+        if not math.isfinite(value):
+            raise BatchInputError(option, f"value {item!r} at position {pos} is not a finite number")
+        out.append(value)
+    return out
+
+
+def parse_groups(text: str, option: str = "--groups") -> list[GroupLabel]:
+    """'0,0,1,1' -> [0, 0, 1, 1]; labels that are not integers stay strings (prompt ids)."""
+    out: list[GroupLabel] = []
+    for item in _split(text, option):
+        try:
+            out.append(int(item))
+        except ValueError:
+            out.append(item)
+    return out
+
+
+def groups_from_size(n: int, group_size: int, option: str = "--group-size") -> list[int]:
+    """Consecutive groups of ``group_size``: n=4, size 2 -> [0, 0, 1, 1]."""
+    if group_size < 1:
+        raise BatchInputError(option, f"must be at least 1; got {group_size}")
+    if n % group_size:
+        raise BatchInputError(
+            option, f"{n} sequences do not split into groups of {group_size}; give --groups for uneven groups"
+        )
+    return [i // group_size for i in range(n)]
+
+
+def read_rollouts(path: str | Path) -> tuple[list[int], list[float], list[GroupLabel]]:
+    """JSONL with one response per line: {"group": ..., "length": int >= 0, "reward": number}.
+
+    Blank lines are skipped; other fields are ignored. Errors name file:line and the field.
+    """
+    path = Path(path)
+    lengths: list[int] = []
+    rewards: list[float] = []
+    groups: list[GroupLabel] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise BatchInputError("--rollouts", f"{where}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise BatchInputError(
+                    "--rollouts", f"{where}: expected a JSON object, got {type(row).__name__}"
+                )
+            for key in ("group", "length", "reward"):
+                if key not in row:
+                    raise BatchInputError(
+                        "--rollouts",
+                        f"{where}: missing field {key!r} (each line needs group, length, reward)",
+                    )
+            length, reward, group = row["length"], row["reward"], row["group"]
+            if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+                raise BatchInputError(
+                    "--rollouts", f"{where}: field 'length' must be an integer >= 0; got {length!r}"
+                )
+            if isinstance(reward, bool):
+                reward = float(reward)  # a verifiable reward stored as true/false
+            if not isinstance(reward, int | float) or not math.isfinite(reward):
+                raise BatchInputError(
+                    "--rollouts", f"{where}: field 'reward' must be a finite number; got {reward!r}"
+                )
+            if isinstance(group, bool) or not isinstance(group, int | str):
+                raise BatchInputError(
+                    "--rollouts", f"{where}: field 'group' must be an integer or a string; got {group!r}"
+                )
+            lengths.append(length)
+            rewards.append(float(reward))
+            groups.append(group)
+    if not lengths:
+        raise BatchInputError("--rollouts", f"{path}: no rollouts (the file has no non-blank lines)")
+    return lengths, rewards, groups
+
+
+# ----------------------------------------------------------------------------- the commands
 
 
 def _bad(exc: BatchInputError) -> click.BadParameter:

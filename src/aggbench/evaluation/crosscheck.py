@@ -272,7 +272,6 @@ def crosscheck(
     from aggbench.data.benchmarks import load_benchmark, load_benchmark_spec
     from aggbench.devices import check_device
     from aggbench.evaluation.generate import (
-        GenerateOptions,
         format_prompts,
         greedy_generate,
         load_model,
@@ -281,6 +280,7 @@ def crosscheck(
         resolve_device,
         resolve_dtype,
     )
+    from aggbench.evaluation.options import GenerateOptions
     from aggbench.evaluation.score import EvaluationError, write_json
     from aggbench.files import write_atomic
     from aggbench.grading.math import grade_math_batch, grading_options

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aggbench.evaluation.generate import GenerateOptions, generate_benchmarks
+from aggbench.evaluation.generate import generate_benchmarks
 from aggbench.evaluation.mlflow import log_eval_metrics
+from aggbench.evaluation.options import GenerateOptions
 from aggbench.evaluation.score import EvaluationError, score_benchmark, write_json
 from aggbench.layout import is_base_dir
 

@@ -11,7 +11,8 @@ The files are the source of truth; MLflow is fed from them::
 
 Every file is written to a temporary name and renamed into place, so a crash never leaves a
 half-written one. torch, transformers and the graders are imported inside the functions that need
-them: importing this module is cheap (the CLI stays fast). Scoring lives in ``aggbench.evaluation.score``,
+them: importing this module is cheap (the CLI stays fast). The options are declared in
+``aggbench.evaluation.options``; scoring lives in ``aggbench.evaluation.score``,
 the MLflow logging of the metrics in ``aggbench.evaluation.mlflow``, and generate + score + log of
 one checkpoint in ``aggbench.evaluation.evaluate``.
 """
@@ -22,7 +23,7 @@ import logging
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from aggbench import seeds
 from aggbench.devices import check_device
 from aggbench.evaluation.context import PROMPT_TOO_LONG, model_context, response_budgets
 from aggbench.evaluation.context import summary as context_summary
+from aggbench.evaluation.options import GenerateOptions
 from aggbench.evaluation.score import (
     EvaluationError,
     write_json,
@@ -41,48 +43,6 @@ log = logging.getLogger(__name__)
 # How many times this process has loaded a model for generation (generation.json records it).
 MODEL_LOADS = 0
 # Pool verdicts that say the grader did not judge the answer (used to pick a majority vote's verdict).
-
-
-@dataclass
-class GenerateOptions:
-    """How ``generate`` samples. ``None`` means: take it from the benchmark's YAML (or the default).
-
-    chat_template: None = the benchmark's ``use_chat_template``; True/False force it.
-    tensor_parallel_size: GPUs one vLLM engine spans (vllm only).
-    chunk_prompts: prompts per engine call (None: batch_size // n for hf, all at once for vllm);
-        each call gets seed ``benchmark seed + chunk index``.
-    max_context: the positions a prompt + response must fit in (None: the checkpoint's
-        ``max_position_embeddings``); the policy is ``aggbench.evaluation.context``.
-    stop_tokens: vocabulary tokens that end a response besides the model's EOS (Qwen's
-        ``<|im_end|>``, ``<|endoftext|>``: the stop words of Qwen2.5-Math's evaluation).
-    """
-
-    engine: str = "hf"
-    limit: int | None = None
-    n: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    seed: int = 0
-    system_prompt: str | None = None
-    enable_thinking: bool | None = None
-    chat_template: bool | None = None
-    batch_size: int = 64
-    chunk_prompts: int | None = None
-    device: str | None = None
-    dtype: str = "auto"
-    data_dir: str | None = None
-    progress: bool = True
-    tensor_parallel_size: int = 1
-    max_context: int | None = None
-    stop_tokens: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.tensor_parallel_size > 1 and self.engine != "vllm":
-            raise EvaluationError(
-                f"--tensor-parallel-size {self.tensor_parallel_size} applies to --engine vllm only "
-                f"(the {self.engine} engine runs on one device): drop it or use --engine vllm"
-            )
 
 
 # --------------------------------------------------------------------------- files
