@@ -18,20 +18,23 @@ from helpers.support import import_without
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "aggbench"
 FOUNDATION = {"registry", "files", "layout", "metric_names", "seeds", "devices", "modeldir", "prompts"}
-FOUNDATION |= {"config_errors"}
+FOUNDATION |= {"config_errors", "errors"}
 
 ALLOWED: dict[str, set[str]] = {
     **{name: set() for name in FOUNDATION},
-    "graders": {"registry"},
-    "modeldir": {"tiny/"},  # prepare-model builds the tiny model (tiny/ imports nothing of aggbench)
+    # errors (InputError, imports nothing): the base of every bad-input error, imported where one is defined
+    **{name: {"errors"} for name in ("registry", "devices", "config_errors")},
+    "graders": {"errors", "registry"},
+    # prepare-model builds the tiny model (tiny/ imports nothing of aggbench)
+    "modeldir": {"errors", "tiny/"},
     "prompts": {"config_errors"},  # a bad model.stop_tokens is a ConfigError
     "config": {"config_errors", "files", "graders", "layout", "registry"},
     "tiny/": set(),
-    "aggregation/": {"registry"},
-    "data/": {"files", "graders", "metric_names", "registry", "tiny/"},
+    "aggregation/": {"errors", "registry"},
+    "data/": {"errors", "files", "graders", "metric_names", "registry", "tiny/"},
     "tracking": {"files", "layout"},
     "grading/": {"data/", "graders", "tiny/"},
-    "grid": {"aggregation/", "config", "config_errors", "data/", "layout"},
+    "grid": {"aggregation/", "config", "config_errors", "data/", "errors", "layout"},
     "rollout/": {"seeds"},
     "train/": {
         "aggregation/",
@@ -44,12 +47,11 @@ ALLOWED: dict[str, set[str]] = {
         "modeldir",
         "seeds",
     }
-    | {"config_errors", "prompts", "registry", "rollout/", "tiny/", "tracking"},
+    | {"config_errors", "errors", "prompts", "registry", "rollout/", "tiny/", "tracking"},
     "evaluation/": {"data/", "devices", "files", "graders", "grading/", "modeldir", "prompts", "rollout/"}
-    | {"layout", "metric_names", "registry", "seeds", "tiny/", "tracking"},
-    "integrations/": {
-        "aggregation/"
-    },  # adapters for other trainers: the rules, nothing of aggbench's trainer
+    | {"errors", "layout", "metric_names", "registry", "seeds", "tiny/", "tracking"},
+    # adapters for other trainers: the rules, nothing of aggbench's trainer
+    "integrations/": {"aggregation/", "errors"},
     "report/": {"config", "data/", "evaluation/", "files", "grid", "layout", "metric_names", "tracking"}
     | {"aggregation/"},  # explain_render: the explain batch's types, for annotations only (no torch)
     "plan/": {"data/", "grid", "layout", "rollout/", "tiny/"},
@@ -62,6 +64,7 @@ NO_TORCH = (
         "graders",
         "config",
         "config_errors",
+        "errors",
         "prompts",
         "modeldir",
         "tracking",

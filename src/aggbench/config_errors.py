@@ -12,8 +12,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from aggbench.errors import InputError
 
-class ConfigError(ValueError):
+
+class ConfigError(InputError, ValueError):
     """A config that does not validate; the message lists each bad field by its dotted path."""
 
 

@@ -4,8 +4,10 @@ missing GPU costs no model load and shows no torch traceback."""
 
 from __future__ import annotations
 
+from aggbench.errors import InputError
 
-class DeviceError(ValueError):
+
+class DeviceError(InputError, ValueError):
     """A device string that is not a device, or a device this machine does not have."""
 
 

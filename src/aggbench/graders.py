@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from aggbench.errors import InputError
 from aggbench.registry import Registry
 
 Record = Literal["answer", "tests", "evalplus"]
@@ -49,7 +50,7 @@ SAMPLE_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-class GradingError(ValueError):
+class GradingError(InputError, ValueError):
     """A grader could not judge the rows at all (missing ground truth, a broken install): bad input,
     reported as one line, never as wrong answers."""
 

@@ -17,13 +17,14 @@ from typing import Any
 
 import yaml
 
+from aggbench.errors import InputError
 from aggbench.layout import cell_id
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "experiment.schema.yaml"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-class GridError(ValueError):
+class GridError(InputError, ValueError):
     """An experiment config that cannot run; the message names the key and the allowed values."""
 
 

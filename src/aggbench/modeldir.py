@@ -21,11 +21,13 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from aggbench.errors import InputError
+
 MARKER = "aggbench_model.json"
 TINY = "tiny"
 
 
-class ModelDirError(ValueError):
+class ModelDirError(InputError, ValueError):
     """A model directory that does not exist, is not a model, or does not load."""
 
 

@@ -17,10 +17,12 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from aggbench.errors import InputError
+
 T = TypeVar("T")
 
 
-class RegistryError(ValueError):
+class RegistryError(InputError, ValueError):
     """A bad registry lookup or registration; the message names the valid choices."""
 
 

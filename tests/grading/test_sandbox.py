@@ -25,9 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from aggbench.grading import sandbox
+from aggbench.grading import sandbox, sandbox_probe
 from aggbench.grading.code import grade_code, grade_many
-from aggbench.grading.sandbox import TOKEN_VAR, probe_namespaces, run_sandboxed, run_tests
+from aggbench.grading.sandbox import TOKEN_VAR, CaseSpec, RunnerSpec, run_sandboxed, run_tests
+from aggbench.grading.sandbox_probe import probe_namespaces
 
 ANSWER = [{"input": "", "output": "42\n", "testtype": "stdin"}]
 IS_ROOT = os.geteuid() == 0
@@ -71,7 +72,7 @@ def test_layers_are_reported_and_explained(layers):
 
 def test_a_refused_layer_is_recorded_and_logged_once(monkeypatch, caplog):
     real_which, real_exists = shutil.which, os.path.exists
-    monkeypatch.setattr(sandbox, "_probe_cache", None)  # probe again, on a machine without unshare
+    monkeypatch.setattr(sandbox_probe, "_probe_cache", None)  # probe again, on a machine without unshare
     monkeypatch.setattr(sandbox, "_warned", set())
     monkeypatch.setattr(
         shutil, "which", lambda name, *a, **k: None if name == "unshare" else real_which(name, *a, **k)
@@ -259,14 +260,14 @@ def test_hostile_batch_is_contained(hostile, layers):
 
 def test_huge_output_never_reaches_the_parent_whole():
     result = run_sandboxed("import os\nblock = b'y' * (1 << 20)\nwhile True:\n    os.write(1, block)", timeout_s=5,
-                           memory_mb=256, max_output_bytes=1 << 20)  # fmt: skip
+                           memory_mb=256, runner=RunnerSpec(max_output_bytes=1 << 20))  # fmt: skip
     assert result.error_kind == "output_limit" and result.output_truncated
     assert len(result.stdout) <= 1 << 20
 
 
 def test_stderr_is_truncated_without_failing_the_run():
     result = run_sandboxed("import sys\nsys.stderr.write('e' * 200000)\nprint(42)", timeout_s=5, memory_mb=256,
-                           max_stderr_bytes=1000)  # fmt: skip
+                           runner=RunnerSpec(max_stderr_bytes=1000))  # fmt: skip
     assert result.error_kind is None and result.stdout == "42\n"
     assert result.stderr.startswith("e" * 1000) and result.stderr.endswith("[stderr truncated]")
     assert len(result.stderr) < 1100
@@ -283,7 +284,7 @@ def test_environment_is_scrubbed(monkeypatch):
 
 def test_each_test_case_gets_a_fresh_process_and_an_empty_directory():
     code = "import os\nprint(sorted(os.listdir('.')), os.getpid())\nopen_ = __import__('io').FileIO('mark', 'w')\n"
-    results = run_tests(code, ["", ""], timeout_s=5, memory_mb=256)
+    results = run_tests(CaseSpec(code, ["", ""], timeout_s=5, memory_mb=256))
     assert [r.error_kind for r in results] == [None, None]
     listings = [r.stdout.split("]")[0] for r in results]
     assert all("mark" not in listing for listing in listings)  # the first case's file is gone
@@ -302,7 +303,7 @@ def test_call_mode_returns_the_value_as_json():
 
 def test_stop_callback_ends_the_run_early():
     seen = []
-    results = run_tests("print(input())", ["a\n", "b\n", "c\n"], timeout_s=5, memory_mb=256,
+    results = run_tests(CaseSpec("print(input())", ["a\n", "b\n", "c\n"], timeout_s=5, memory_mb=256),
                         on_result=lambda i, r: seen.append(r.stdout) or False)  # fmt: skip
     assert seen == ["a\n"] and len(results) == 1
 
@@ -366,7 +367,7 @@ def test_without_namespaces_the_fallback_still_contains_bombs_and_daemons():
             """,
     }
     jobs = [
-        {"code": textwrap.dedent(c), "timeout_s": 2, "memory_mb": 256, "namespaces": False}
+        {"code": textwrap.dedent(c), "timeout_s": 2, "memory_mb": 256, "runner": RunnerSpec(namespaces=False)}
         for c in programs.values()
     ]
     before = sandbox._tasks_of_uid(65534)  # e.g. a daemon that runs as nobody anyway
@@ -415,7 +416,7 @@ def _contained_as_normal_user(python: str, home: Path) -> None:
     os.chown(sentinel, 65534, 65534)  # owned by the harness user: only the sandbox protects it
     # the sandbox's two files, copied where uid 65534 can read them (a checkout may sit under a
     # 0700 directory such as mktemp -d's)
-    for name in ("sandbox.py", "sandbox_runner.py"):
+    for name in ("sandbox.py", "sandbox_probe.py", "sandbox_runner.py"):
         copy = home / name
         shutil.copyfile(Path(sandbox.__file__).with_name(name), copy)
         os.chown(copy, 65534, 65534)
@@ -432,9 +433,9 @@ def _contained_as_normal_user(python: str, home: Path) -> None:
             "umount": "import ctypes\\nl = ctypes.CDLL(None, use_errno=True)\\nprint(l.umount2(b'/tmp', 2))",
             "fork_bomb": "import ctypes\\nl = ctypes.CDLL(None)\\nwhile True:\\n    l.fork()",
         }}
-        out = {{"probe": sbx.probe_namespaces()[1:]}}
+        out = {{"probe": sbx.sandbox_probe.probe_namespaces()[1:]}}
         for name, code in programs.items():
-            r = sbx.run_sandboxed(code, timeout_s=2, memory_mb=256, preload=())
+            r = sbx.run_sandboxed(code, timeout_s=2, memory_mb=256, runner=sbx.RunnerSpec(preload=()))
             out[name] = [r.error_kind, r.stdout.strip(), r.layers]
         print(json.dumps(out))
         """)

@@ -24,11 +24,12 @@ from aggbench.aggregation.advantages import get_advantage
 from aggbench.aggregation.contract import RuleInstance
 from aggbench.aggregation.diagnostics import sign_weights
 from aggbench.aggregation.ops import mask_from_lengths
+from aggbench.errors import InputError
 
 GroupLabel = int | str
 
 
-class BatchInputError(ValueError):
+class BatchInputError(InputError, ValueError):
     """A bad batch description; ``option`` names the CLI option (or file) at fault."""
 
     def __init__(self, option: str, message: str) -> None:

@@ -3,7 +3,8 @@ translation of bad-input errors into clean click errors (a message naming the fi
 the fix; no traceback). The generation options are built from their declaration,
 ``aggbench.evaluation.options.GenerateOptions``.
 
-Imports only click and that declaration (the standard library only): every command module stays
+Imports only click, that declaration (the standard library only) and :mod:`aggbench.errors`
+(which imports nothing): every command module stays
 cheap to import (``aggbench --help`` is instant).
 """
 
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
+from aggbench.errors import InputError
 from aggbench.evaluation.options import FlagField, flag_fields
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -134,41 +136,21 @@ model_options = generate_options(*MODEL_OPTIONS)
 # --------------------------------------------------------------------------- errors
 
 
-def bad_input_errors() -> tuple[type[Exception], ...]:
-    """The errors that mean bad input rather than a bug: evaluation input, data rows, data
-    availability, benchmark/dataset specs, experiment grids, model directories and devices (imported lazily)."""
-    from aggbench.data.jsonl import DataError
-    from aggbench.data.sources import DataUnavailableError, SpecError
-    from aggbench.devices import DeviceError
-    from aggbench.evaluation.score import EvaluationError
-    from aggbench.grid import GridError
-    from aggbench.modeldir import ModelDirError
-
-    return (
-        EvaluationError,
-        DataError,
-        DataUnavailableError,
-        SpecError,
-        GridError,
-        ModelDirError,
-        DeviceError,
-    )
-
-
 @contextlib.contextmanager
 def click_error(*types: type[Exception]) -> Iterator[None]:
-    """Inside the block, ``types`` (default: :func:`bad_input_errors`) become a click error with
-    the same message (exit status 1, no traceback)."""
+    """Inside the block, bad input (:class:`aggbench.errors.InputError`, or ``types`` when given)
+    becomes a click error with the same message (exit status 1, no traceback); any other exception
+    propagates with its traceback."""
     try:
         yield
     except Exception as exc:
-        if isinstance(exc, types or bad_input_errors()):
+        if isinstance(exc, types or InputError):
             raise click.ClickException(str(exc)) from exc
         raise
 
 
 def click_errors(fn: F) -> F:
-    """Decorator form of :func:`click_error` with the default error types, for a whole command."""
+    """Decorator form of :func:`click_error` for a whole command: bad input is one line."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

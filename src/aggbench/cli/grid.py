@@ -6,16 +6,14 @@ import json
 
 import click
 
-from aggbench.cli.common import click_errors
+from aggbench.cli.common import click_error, click_errors
 
 
 def _load(config: str):
-    from aggbench.grid import GridError, load_experiment
+    from aggbench.grid import load_experiment
 
-    try:
+    with click_error():
         return load_experiment(config)
-    except GridError as exc:
-        raise click.ClickException(str(exc)) from None
 
 
 @click.group("grid")
@@ -50,12 +48,10 @@ def list_cells(config: str) -> None:
 def write_cell(config: str, cid: str, out: str) -> None:
     """Write one cell's resolved training config (the input of `aggbench train`)."""
     from aggbench.config import dump_config
-    from aggbench.grid import GridError, cell_train_config
+    from aggbench.grid import cell_train_config
 
-    try:
+    with click_error():
         cfg = cell_train_config(_load(config), cid)
-    except GridError as exc:
-        raise click.ClickException(str(exc)) from None
     dump_config(cfg, out)  # atomically
 
 

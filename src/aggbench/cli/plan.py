@@ -6,6 +6,8 @@ import json
 
 import click
 
+from aggbench.cli.common import click_error
+
 
 @click.command("plan")
 @click.argument("config", type=click.Path(dir_okay=False))
@@ -14,13 +16,10 @@ def command(config: str, fmt: str) -> None:
     """Cost of the grid in CONFIG before submitting it: GPU-hours per cell and in all, peak memory
     per GPU (weights, gradients, optimizer state, activations, KV cache) and the SLURM jobs."""
     from aggbench.cli.grid import _load
-    from aggbench.grid import GridError
     from aggbench.plan.estimate import build_plan
     from aggbench.plan.render import render
 
     exp = _load(config)
-    try:
+    with click_error():
         plan = build_plan(exp, config)
-    except GridError as exc:
-        raise click.ClickException(str(exc)) from None
     click.echo(json.dumps(plan, indent=2) if fmt == "json" else render(plan))

@@ -37,9 +37,9 @@ def _rule_versions(exp: dict) -> dict[str, str]:
 
 
 def _load(config: Path) -> dict:
-    from aggbench.grid import GridError, load_experiment
+    from aggbench.grid import load_experiment
 
-    with click_error(GridError):
+    with click_error():
         return load_experiment(config)
 
 

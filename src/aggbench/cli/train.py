@@ -77,11 +77,8 @@ def command(
     allow_config_change: bool,
 ) -> None:
     """Train one cell into OUT, resuming from its latest complete checkpoint."""
-    from aggbench.cli.common import bad_input_errors
     from aggbench.config import load_train_config
-    from aggbench.config_errors import ConfigError
-    from aggbench.registry import RegistryError
-    from aggbench.train.checkpoint import RunLockedError
+    from aggbench.errors import InputError
     from aggbench.train.loop import train
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -100,7 +97,7 @@ def command(
             quiet=quiet,
             allow_config_change=allow_config_change,
         )
-    except (ConfigError, RegistryError, RunLockedError, *bad_input_errors()) as exc:
+    except InputError as exc:  # bad input, the run lock and data unavailable included: one line
         raise click.ClickException(str(exc)) from None
     except ImportError as exc:  # vLLM installed but does not import: say what to install, and why
         from aggbench.rollout.vllm import GPU_EXTRA_HINT

@@ -12,8 +12,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from aggbench.errors import InputError
 
-class DataError(ValueError):
+
+class DataError(InputError, ValueError):
     """A data row that cannot be used. ``where`` is a file path or a hub source, ``line`` is 1-based."""
 
     def __init__(self, where: str | Path, line: int | None, field: str | None, message: str) -> None:

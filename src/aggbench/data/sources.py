@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
+from aggbench.errors import InputError
 from aggbench.graders import GraderSpec, get_grader, grader_names
 from aggbench.registry import did_you_mean
 
@@ -32,11 +33,11 @@ _FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
-class SpecError(ValueError):
+class SpecError(InputError, ValueError):
     """A benchmark or dataset config that cannot be found or does not validate."""
 
 
-class DataUnavailableError(RuntimeError):
+class DataUnavailableError(InputError, RuntimeError):
     """Neither the offline file nor the hub could provide the data."""
 
 

@@ -13,13 +13,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from aggbench.errors import InputError
 from aggbench.files import write_atomic
 from aggbench.metric_names import parse as parse_metric
 
 _NOT_JUDGED = ("timeout", "worker_crashed", "error")
 
 
-class EvaluationError(ValueError):
+class EvaluationError(InputError, ValueError):
     """Bad input to the evaluator: the message names the file, line and field, and the fix."""
 
 

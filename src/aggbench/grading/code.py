@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from aggbench.grading.sandbox import SandboxResult, run_batch, run_tests
+from aggbench.grading.sandbox import DEFAULT_RUNNER, CaseSpec, RunnerSpec, SandboxResult, run_batch, run_tests
 
 _FENCE = re.compile(r"^```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
@@ -122,15 +122,15 @@ def grade_code(
     memory_mb: int = 2048,
     rel_tol: float = 1e-6,
     abs_tol: float = 1e-6,
-    **sandbox_options: Any,
+    runner: RunnerSpec = DEFAULT_RUNNER,
 ) -> dict:
     """Grade one response; see the module docstring.
 
     ``tests``: ``{"input", "output", "testtype"}`` dicts. ``func_name`` (functional tests) is
     taken from ``starter_code`` when not given. ``timeout_s`` and ``memory_mb`` hold per test;
-    ``sandbox_options`` go to :func:`~aggbench.grading.sandbox.run_tests`. Returns ``{"correct",
-    "extracted", "reason", "tests": [{"passed", "error_kind", "detail", "elapsed_s"}, ...] (the
-    tests that ran), "n_tests", "layers"}``.
+    ``runner``: how the sandbox runs (:class:`~aggbench.grading.sandbox.RunnerSpec`). Returns
+    ``{"correct", "extracted", "reason", "tests": [{"passed", "error_kind", "detail", "elapsed_s"},
+    ...] (the tests that ran), "n_tests", "layers"}``.
     """
     if not tests:
         raise ValueError("grade_code needs at least one test")
@@ -170,14 +170,9 @@ def grade_code(
         return kind is None
 
     cases = [call_args(t["input"]) for t in tests] if mode == "functional" else [t["input"] for t in tests]
+    call_method = func_name if mode == "functional" else None
     results = run_tests(
-        code,
-        cases,
-        call_method=func_name if mode == "functional" else None,
-        timeout_s=timeout_s,
-        memory_mb=memory_mb,
-        on_result=check,
-        **sandbox_options,
+        CaseSpec(code, cases, timeout_s, memory_mb, call_method=call_method), runner, on_result=check
     )
     if len(per_test) < len(results):  # the sandbox itself failed (not judged by check)
         last = results[-1]

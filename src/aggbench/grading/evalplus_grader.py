@@ -37,13 +37,15 @@ from typing import Any
 
 from aggbench.graders import GradingError
 from aggbench.grading.code import extract_code
-from aggbench.grading.sandbox import run_batch, run_tests
+from aggbench.grading.sandbox import CaseSpec, RunnerSpec, run_batch, run_tests
 from aggbench.grading.sandbox_calls import unpack
 
 SANITIZE_MAX_LINES = 300  # evalplus.sanitize parses O(lines^2) spans: ~0.7 s at 200 lines, ~4.6 s at 400 here
 MIN_TIME_LIMIT = 1.0  # evalplus.config.DEFAULT_MIN_TIME_LIMIT
 GT_TIME_LIMIT_FACTOR = 4.0  # evalplus.config.DEFAULT_GT_TIME_LIMIT_FACTOR
 _GROUND_TRUTH: dict[tuple[str, str], tuple[dict, dict]] = {}  # (dataset, md5) -> (problems, expected)
+# every input's value comes back on the status pipe, whose limit follows max_output_bytes
+EVALPLUS_RUNNER = RunnerSpec(max_output_bytes=64 << 20)
 
 
 class EvalPlusError(GradingError):
@@ -117,19 +119,21 @@ def check_inputs(
     memory_mb: int = 4096,
     min_time_limit: float = MIN_TIME_LIMIT,
     gt_time_limit_factor: float = GT_TIME_LIMIT_FACTOR,
-    **sandbox_options: Any,
+    runner: RunnerSpec = EVALPLUS_RUNNER,
 ) -> dict[str, Any]:
     """Run one input set (base or plus) in one sandbox and compare every output.
 
     Returns ``{"status": pass|fail|timeout, "n_inputs", "n_passed" (before the first failure),
     "error_kind" (None, wrong_answer, timeout, runtime_error, ...), "detail", "elapsed_s",
-    "layers"}``.
+    "layers"}``. ``runner``: how the sandbox runs [:data:`EVALPLUS_RUNNER`: the defaults, with a
+    64 MiB output limit].
     """
     limits = time_limits(ref_time, min_time_limit, gt_time_limit_factor)
     total = min(float(os.environ.get("EVALPLUS_TIMEOUT_PER_TASK", 60)), sum(limits)) + 2.0
-    sandbox_options.setdefault("max_output_bytes", 64 << 20)
-    results = run_tests(code, [{"inputs": inputs, "time_limits": limits}], call_method=entry_point,
-                        harness="evalplus", timeout_s=total, memory_mb=memory_mb, **sandbox_options)  # fmt: skip
+    cases = [{"inputs": inputs, "time_limits": limits}]
+    results = run_tests(
+        CaseSpec(code, cases, total, memory_mb, call_method=entry_point, harness="evalplus"), runner
+    )
     run = results[0]
     passed, kind, detail = 0, None, ""
     for i, record in enumerate(run.outputs or []):
@@ -181,7 +185,7 @@ def grade_evalplus(
     """Grade one response to ``problem`` (an evalplus problem) against its ``expected`` outputs
     (``get_groundtruth``'s entry: base, plus, base_time, plus_time).
 
-    ``options`` go to :func:`check_inputs` (memory_mb, time limits, sandbox options). Returns
+    ``options`` go to :func:`check_inputs` (memory_mb, time limits, ``runner``). Returns
     ``{"correct", "extracted" (the code run), "sanitized", "reason", "error_kind", "base",
     "plus", "layers"}``; ``base``/``plus`` as :func:`check_inputs` returns them (less layers).
     """

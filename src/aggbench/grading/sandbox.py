@@ -30,7 +30,12 @@ Layout: ``this process -> unshare -> runner (pid 1, trusted) -> one forked child
 runner imports and sets up once, so a test costs a fork, not an interpreter start; expected
 outputs never enter the sandbox (the code could find them in its own memory), so comparison and
 the decision to stop at the first failure happen here, on the per-test records the runner streams.
-The runner and the child are in :mod:`.sandbox_runner`.
+The runner and the child are in :mod:`.sandbox_runner`, the probing of the namespaces in
+:mod:`.sandbox_probe`.
+
+A run: :func:`run_tests` takes a :class:`CaseSpec` (what is tested: the code, its cases, the
+limits of each case) and a :class:`RunnerSpec` (how it runs: the layers, the identity, the other
+limits, the interpreter), writes the runner's spec, and :func:`launch` starts the runner.
 """
 
 from __future__ import annotations
@@ -42,24 +47,30 @@ import os
 import select
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if __package__:
-    from aggbench.grading import sandbox_runner as runner
+    from aggbench.grading import sandbox_probe, sandbox_runner
 else:  # loaded from its file outside the package (e.g. by a bare interpreter running as another user)
     import importlib.util
 
-    _where = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_runner.py")
-    _spec = importlib.util.spec_from_file_location("sandbox_runner", _where)
-    runner = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-    _spec.loader.exec_module(runner)  # type: ignore[union-attr]
+    def _sibling(name: str) -> Any:
+        where = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+        spec = importlib.util.spec_from_file_location(name, where)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        return module
+
+    sandbox_probe, sandbox_runner = _sibling("sandbox_probe"), _sibling("sandbox_runner")
+
+if TYPE_CHECKING:
+    import subprocess
 
 log = logging.getLogger(__name__)
-_stop_then_kill = runner._stop_then_kill
+_stop_then_kill = sandbox_runner._stop_then_kill
 
 ERROR_KINDS = (
     "syntax_error",
@@ -71,13 +82,6 @@ ERROR_KINDS = (
     "sandbox_error",
 )
 TOKEN_VAR = "AGGBENCH_SANDBOX_RUN"
-_NS_FLAGS = {
-    "pidns": (["--pid", "--fork", "--kill-child", "--mount-proc"], ["--pid", "--fork", "--kill-child"]),
-    "netns": (["--net"],),
-    "ipcns": (["--ipc"],),
-    "utsns": (["--uts"],),
-    "mountns": (["--mount"],),
-}
 
 
 @dataclass
@@ -100,68 +104,69 @@ class SandboxResult:
     notes: dict[str, str] = field(default_factory=dict)  # why a layer is off
 
 
-# ---------------------------------------------------------------------------------- probing
-_probe_lock = threading.Lock()
-_probe_cache: tuple[list[str], dict[str, bool], dict[str, str]] | None = None
+Case = str | Sequence[str] | Mapping[str, Sequence]
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """What is tested: ``code``, run once per case of ``cases`` in order, each case under
+    ``timeout_s`` (wall clock; CPU seconds too) and ``memory_mb`` (address space).
+
+    Script mode (``call_method`` None): each case is the stdin text and the code runs as
+    ``__main__``. Call mode: each case is a list of JSON literals; after the code runs,
+    ``Solution().<call_method>(*args)`` is called and the JSON of its value (a top-level tuple
+    becomes a list, as in LiveCodeBench) comes back in ``result_json``. ``harness="evalplus"``
+    (needs ``call_method``, the function name): each case is ``{"inputs": [args tuple, ...],
+    "time_limits": [seconds, ...]}``; the code runs once as evalplus runs it and the function is
+    called on every input in order, each value coming back in ``outputs`` (see
+    :mod:`.sandbox_calls`); ``timeout_s`` bounds the whole case. Expected outputs are no part of
+    it: they never enter the sandbox.
+    """
+
+    code: str
+    cases: Sequence[Case]
+    timeout_s: float
+    memory_mb: int
+    call_method: str | None = None
+    harness: str = "lcb"
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """How the code is run: the layers of the module docstring and the limits beyond time and
+    memory. The defaults are the whole sandbox.
+
+    ``max_output_bytes``: stdout beyond it ends the test (``output_limit``); ``max_stderr_bytes``:
+    stderr beyond it is cut; ``max_procs``: processes on top of what the uid already runs;
+    ``max_file_mb``, ``max_open_files``; ``tmpfs_mb``: the size of the private /tmp. ``drop_uid``
+    applies only when this process is root; ``drop_uid=None`` as root leaves the code uid 0
+    without capabilities, which still owns root's files: for debugging only.
+    ``namespaces=False``/``guard=False`` switch those layers off. ``python``: the runner's
+    interpreter [this one]. ``preload``: modules imported before the guard when installed
+    (LiveCodeBench's harness has numpy imported, so `import numpy` works there; after the guard
+    numpy cannot import itself). ``startup_slack_s``: the runner's start-up time allowed before
+    its first record is due.
+    """
+
+    max_output_bytes: int = 16 << 20
+    max_stderr_bytes: int = 64 << 10
+    max_procs: int = 64
+    max_file_mb: int = 16
+    max_open_files: int = 256
+    tmpfs_mb: int = 64
+    drop_uid: int | None = 65534
+    namespaces: bool = True
+    guard: bool = True
+    python: str | None = None
+    preload: Sequence[str] = ("numpy",)
+    startup_slack_s: float = 15.0
+
+
+DEFAULT_RUNNER = RunnerSpec()
+
+
+# ------------------------------------------------------------------- refused layers, /proc scans
 _warned: set[str] = set()
-
-
-def _try_unshare(cmd: list[str]) -> str | None:
-    """None when ``unshare FLAGS true`` works, else the kernel's refusal as unshare printed it."""
-    import shutil
-    import subprocess
-
-    try:
-        proc = subprocess.run(
-            [*cmd, shutil.which("true") or "/bin/true"], capture_output=True, text=True, timeout=20
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit status {proc.returncode}")
-
-
-def probe_namespaces() -> tuple[list[str], dict[str, bool], dict[str, str]]:
-    """(unshare command prefix, layers, refusals) for this machine and user; cached per process."""
-    import shutil
-
-    global _probe_cache
-    with _probe_lock:
-        if _probe_cache is not None:
-            return _probe_cache
-        layers = dict.fromkeys(_NS_FLAGS, False)
-        errors: dict[str, str] = {}
-        unshare = shutil.which("unshare") or next(
-            (p for p in ("/usr/bin/unshare",) if os.path.exists(p)), None
-        )
-        base = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-        chosen: list[str] = []
-        if base:
-            layers["userns"] = False
-        if unshare is None:
-            errors = dict.fromkeys(layers, "the util-linux `unshare` binary is not on PATH")
-        elif base and (err := _try_unshare([unshare, *base])) is not None:
-            errors = dict.fromkeys(layers, f"user namespace refused: {err}")
-        else:
-            if base:
-                layers["userns"] = True
-            for name, options in _NS_FLAGS.items():
-                for opt in options:
-                    if (err := _try_unshare([unshare, *base, *opt])) is None:
-                        layers[name] = True
-                        chosen += opt
-                        errors.pop(name, None)
-                        break
-                    errors[name] = err
-            if "--mount-proc" in chosen and "--mount" in chosen:
-                chosen.remove("--mount")
-            if chosen and (err := _try_unshare([unshare, *base, *chosen])) is not None:
-                errors = dict.fromkeys(layers, f"each namespace alone works, together they fail: {err}")
-                layers, chosen = dict.fromkeys(layers, False), []
-            if base and not chosen:  # a user namespace alone isolates nothing: not used
-                layers["userns"] = False
-                errors.setdefault("userns", "no other namespace could be created inside it")
-        _probe_cache = ([unshare, *base, *chosen] if chosen else [], layers, errors)
-        return _probe_cache
 
 
 def _warn_once(layers: Mapping[str, bool], reasons: Mapping[str, str]) -> None:
@@ -170,25 +175,6 @@ def _warn_once(layers: Mapping[str, bool], reasons: Mapping[str, str]) -> None:
             _warned.add(name)
             why = reasons.get(name)
             log.warning("sandbox layer %r is unavailable here%s", name, f": {why}" if why else "")
-
-
-def _evalplus_guard_source() -> str | None:
-    path = _evalplus_guard_path()
-    if path is None:
-        return None
-    with open(path, encoding="utf-8") as fh:
-        return fh.read()
-
-
-def _evalplus_guard_path() -> str | None:
-    """evalplus/eval/utils.py, located without importing evalplus.eval (that pulls numpy, ~0.2 s)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("evalplus")
-    for loc in (spec.submodule_search_locations or []) if spec else []:
-        if os.path.isfile(path := os.path.join(loc, "eval", "utils.py")):
-            return path
-    return None
 
 
 def _tasks_of_uid(uid: int) -> int:
@@ -224,65 +210,32 @@ def run_sandboxed(
     memory_mb: int,
     call_method: str | None = None,
     call_args_json: Sequence[str] = (),
-    **options: Any,
+    runner: RunnerSpec = DEFAULT_RUNNER,
 ) -> SandboxResult:
-    """Run ``code`` once: on ``stdin`` (script mode) or, with ``call_method``, on one call.
-
-    ``options``: any keyword of :func:`run_tests` (limits, ``drop_uid``, ``namespaces``, ...).
-    """
-    case = list(call_args_json) if call_method else stdin
-    return run_tests(
-        code, [case], timeout_s=timeout_s, memory_mb=memory_mb, call_method=call_method, **options
-    )[0]
+    """Run ``code`` once: on ``stdin`` (script mode) or, with ``call_method``, on one call of its
+    arguments ``call_args_json``; ``runner`` as for :func:`run_tests`."""
+    one = list(call_args_json) if call_method else stdin
+    return run_tests(CaseSpec(code, [one], timeout_s, memory_mb, call_method=call_method), runner)[0]
 
 
 def run_tests(
-    code: str,
-    cases: Sequence[str | Sequence[str] | Mapping[str, Sequence]],
+    case: CaseSpec,
+    runner: RunnerSpec = DEFAULT_RUNNER,
     *,
-    timeout_s: float,
-    memory_mb: int,
-    call_method: str | None = None,
     on_result: Callable[[int, SandboxResult], bool] | None = None,
-    max_output_bytes: int = 16 << 20,
-    max_stderr_bytes: int = 64 << 10,
-    max_procs: int = 64,
-    max_file_mb: int = 16,
-    max_open_files: int = 256,
-    tmpfs_mb: int = 64,
-    drop_uid: int | None = 65534,
-    namespaces: bool = True,
-    guard: bool = True,
-    python: str | None = None,
-    preload: Sequence[str] = ("numpy",),
-    startup_slack_s: float = 15.0,
-    harness: str = "lcb",
 ) -> list[SandboxResult]:
-    """Run ``code`` once per case, in order, in one sandbox; a fresh forked process per case.
-
-    Script mode: each case is the stdin text and the code runs as ``__main__``. Call mode
-    (``call_method`` set): each case is a list of JSON literals; after the code runs,
-    ``Solution().<call_method>(*args)`` is called and the JSON of its value (a top-level tuple
-    becomes a list, as in LiveCodeBench) comes back in ``result_json``. ``timeout_s`` and
-    ``memory_mb`` hold per case. ``on_result(i, result)`` returning False stops the run (the
-    rest is not executed), so results can be shorter than ``cases``. ``drop_uid`` applies only
-    when this process is root; ``namespaces=False``/``guard=False`` switch those layers off.
-    ``preload``: modules imported before the guard when installed (LiveCodeBench's harness has
-    numpy imported, so `import numpy` works there; after the guard numpy cannot import itself).
-    ``drop_uid=None`` as root leaves the code uid 0 without capabilities, which still owns
-    root's files: for debugging only. ``harness="evalplus"`` (needs ``call_method``, the function
-    name): each case is ``{"inputs": [args tuple, ...], "time_limits": [seconds, ...]}``; the code
-    runs once as evalplus runs it and the function is called on every input in order, each value
-    coming back in ``outputs`` (see :mod:`.sandbox_calls`); ``timeout_s`` bounds the whole case.
+    """Run the cases of ``case`` in order in one sandbox set up as ``runner`` says, a fresh forked
+    process per case (see :class:`CaseSpec` for the modes). ``on_result(i, result)`` returning
+    False stops the run (the rest is not executed), so results can be shorter than ``case.cases``;
+    a runner that dies or stalls adds one last result saying so (``notes["sandbox"]``).
     """
     import shutil
-    import subprocess
     import tempfile
     import uuid
 
     run_id = uuid.uuid4().hex
-    flags, ns_layers, ns_errors = probe_namespaces() if namespaces else ([], {}, {})
-    target_uid = drop_uid if (os.geteuid() == 0 and drop_uid is not None) else os.geteuid()
+    flags, ns_layers, ns_errors = sandbox_probe.probe_namespaces() if runner.namespaces else ([], {}, {})
+    target_uid = runner.drop_uid if (os.geteuid() == 0 and runner.drop_uid is not None) else os.geteuid()
     workdir = tempfile.mkdtemp(prefix="aggbench-sbx-")
     results: list[SandboxResult] = []
     proc = None
@@ -292,82 +245,10 @@ def run_tests(
         if target_uid != os.geteuid():
             os.chmod(workdir, 0o711)
             os.chown(scratch, target_uid, target_uid)
-        spec_cases = []
-        if harness not in ("lcb", "evalplus") or (harness == "evalplus" and not call_method):
-            raise ValueError(f"harness must be 'lcb' or 'evalplus' (with call_method), not {harness!r}")
-        for i, case in enumerate(cases):
-            if harness == "evalplus":
-                from aggbench.grading.sandbox_calls import pack
-
-                inputs, limits = case["inputs"], [float(t) for t in case["time_limits"]]  # type: ignore[index]
-                if len(inputs) != len(limits):
-                    raise ValueError(f"case {i}: {len(inputs)} inputs but {len(limits)} time_limits")
-                spec_cases.append({"stdin_path": None, "args_json": [], "inputs": [pack(list(a)) for a in inputs],
-                                   "time_limits": limits})  # fmt: skip
-                continue
-            if call_method is not None:
-                for j, arg in enumerate(case):
-                    try:
-                        json.loads(arg)
-                    except ValueError as exc:
-                        raise ValueError(
-                            f"case {i}, argument {j}: not a JSON literal ({exc}): {arg[:80]!r}"
-                        ) from None
-            if call_method is None:
-                path = os.path.join(workdir, f"stdin_{i}.txt")
-                with open(path, "w") as fh:
-                    fh.write(case)
-                spec_cases.append({"stdin_path": path, "args_json": []})
-            else:
-                spec_cases.append({"stdin_path": None, "args_json": list(case)})
-        spec = {
-            "code": code,
-            "call_method": call_method,
-            "cases": spec_cases,
-            "timeout_s": timeout_s,
-            "memory_bytes": int(memory_mb) << 20,
-            "max_output_bytes": max_output_bytes,
-            "max_stderr_bytes": max_stderr_bytes,
-            "max_file_bytes": int(max_file_mb) << 20,
-            "max_open_files": max_open_files,
-            "max_procs": max_procs + (0 if ns_layers.get("userns") else _tasks_of_uid(target_uid)),
-            "drop_uid": target_uid if target_uid != os.geteuid() else None,
-            "mountns": bool(ns_layers.get("mountns")),
-            "pidns": bool(ns_layers.get("pidns")),
-            "tmpfs_mb": tmpfs_mb,
-            "scratch": scratch,
-            # the guard's SOURCE travels in the spec: the runner may not see the file (the venv can
-            # live under /tmp, which the mount namespace replaces with a private tmpfs)
-            "guard_source": _evalplus_guard_source() if guard else None,
-            "preload": list(preload),
-            "harness": harness,
-        }
-        spec_path = os.path.join(workdir, "spec.json")
-        with open(spec_path, "w") as fh:
-            json.dump(spec, fh)
-        env = {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            **dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1"),
-            "HOME": "/tmp" if spec["mountns"] else scratch,
-            "TMPDIR": "/tmp" if spec["mountns"] else scratch,
-            TOKEN_VAR: run_id,
-        }
-        meta_r, meta_w = os.pipe()
-        here = os.path.abspath(runner.__file__)
-        cmd = [*flags, python or sys.executable, "-I", "-B", here, "--runner", spec_path, str(meta_w)]
-        try:
-            proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                cwd=workdir, pass_fds=(meta_w,), start_new_session=True,
-            )  # fmt: skip
-        except BaseException:
-            os.close(meta_r)
-            raise
-        finally:
-            os.close(meta_w)
-        header, runner_out, outcome = _stream(proc, meta_r, len(cases), timeout_s, startup_slack_s, spec, results,
+        cases = _write_cases(case, workdir)
+        spec = _runner_input(case, runner, cases, scratch, target_uid, ns_layers)
+        proc, meta_r = launch(spec, workdir, run_id, flags, runner.python)
+        header, runner_out, outcome = _stream(proc, meta_r, case, runner.startup_slack_s, results,
                                               ns_layers, ns_errors, run_id, on_result)  # fmt: skip
     finally:
         if proc is not None:
@@ -384,13 +265,118 @@ def run_tests(
         results.append(SandboxResult("", runner_out[-4000:], proc.returncode if proc else None, stalled, None,
                                      "timeout" if stalled else "sandbox_error", layers, run_id=run_id,
                                      notes={"sandbox": why}))  # fmt: skip
-    if namespaces and guard and results:
+    if runner.namespaces and runner.guard and results:
         _warn_once(results[0].layers, results[0].notes)
     return results
 
 
-def _stream(proc, meta_r, n_cases, timeout_s, slack, spec, results, ns_layers, ns_errors, run_id, on_result):
+def _write_cases(case: CaseSpec, workdir: str) -> list[dict]:
+    """The cases as the runner reads them: stdin texts written to files in ``workdir``, call
+    arguments checked to be JSON literals, evalplus inputs packed beside their time limits.
+    ValueError for a harness or a case that cannot run."""
+    harness, call_method = case.harness, case.call_method
+    if harness not in ("lcb", "evalplus") or (harness == "evalplus" and not call_method):
+        raise ValueError(f"harness must be 'lcb' or 'evalplus' (with call_method), not {harness!r}")
+    spec_cases = []
+    for i, one in enumerate(case.cases):
+        if harness == "evalplus":
+            from aggbench.grading.sandbox_calls import pack
+
+            inputs, limits = one["inputs"], [float(t) for t in one["time_limits"]]  # type: ignore[index]
+            if len(inputs) != len(limits):
+                raise ValueError(f"case {i}: {len(inputs)} inputs but {len(limits)} time_limits")
+            spec_cases.append({"stdin_path": None, "args_json": [], "inputs": [pack(list(a)) for a in inputs],
+                               "time_limits": limits})  # fmt: skip
+            continue
+        if call_method is not None:
+            for j, arg in enumerate(one):
+                try:
+                    json.loads(arg)
+                except ValueError as exc:
+                    raise ValueError(
+                        f"case {i}, argument {j}: not a JSON literal ({exc}): {arg[:80]!r}"
+                    ) from None
+            spec_cases.append({"stdin_path": None, "args_json": list(one)})
+        else:
+            path = os.path.join(workdir, f"stdin_{i}.txt")
+            with open(path, "w") as fh:
+                fh.write(one)  # type: ignore[arg-type]
+            spec_cases.append({"stdin_path": path, "args_json": []})
+    return spec_cases
+
+
+def _runner_input(
+    case: CaseSpec,
+    runner: RunnerSpec,
+    cases: list[dict],
+    scratch: str,
+    uid: int,
+    ns_layers: Mapping[str, bool],
+) -> dict[str, Any]:
+    """The runner's spec (JSON): the case, its limits and the layers to set up, for code run as ``uid``."""
+    return {
+        "code": case.code,
+        "call_method": case.call_method,
+        "cases": cases,
+        "timeout_s": case.timeout_s,
+        "memory_bytes": int(case.memory_mb) << 20,
+        "max_output_bytes": runner.max_output_bytes,
+        "max_stderr_bytes": runner.max_stderr_bytes,
+        "max_file_bytes": int(runner.max_file_mb) << 20,
+        "max_open_files": runner.max_open_files,
+        "max_procs": runner.max_procs + (0 if ns_layers.get("userns") else _tasks_of_uid(uid)),
+        "drop_uid": uid if uid != os.geteuid() else None,
+        "mountns": bool(ns_layers.get("mountns")),
+        "pidns": bool(ns_layers.get("pidns")),
+        "tmpfs_mb": runner.tmpfs_mb,
+        "scratch": scratch,
+        # the guard's SOURCE travels in the spec: the runner may not see the file (the venv can
+        # live under /tmp, which the mount namespace replaces with a private tmpfs)
+        "guard_source": sandbox_probe.evalplus_guard_source() if runner.guard else None,
+        "preload": list(runner.preload),
+        "harness": case.harness,
+    }
+
+
+def launch(
+    spec: Mapping[str, Any], workdir: str, run_id: str, flags: Sequence[str], python: str | None
+) -> tuple[subprocess.Popen, int]:
+    """Start the runner on ``spec`` (written to ``workdir``/spec.json) behind the ``unshare``
+    prefix ``flags``, in ``workdir``, in a new session, with a scrubbed environment that carries
+    the run's token. Returns (the runner's process, the read end of the pipe of its records)."""
+    import subprocess
+
+    spec_path = os.path.join(workdir, "spec.json")
+    with open(spec_path, "w") as fh:
+        json.dump(spec, fh)
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        **dict.fromkeys(("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"), "1"),
+        "HOME": "/tmp" if spec["mountns"] else spec["scratch"],
+        "TMPDIR": "/tmp" if spec["mountns"] else spec["scratch"],
+        TOKEN_VAR: run_id,
+    }
+    meta_r, meta_w = os.pipe()
+    here = os.path.abspath(sandbox_runner.__file__)
+    cmd = [*flags, python or sys.executable, "-I", "-B", here, "--runner", spec_path, str(meta_w)]
+    try:
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+            cwd=workdir, pass_fds=(meta_w,), start_new_session=True,
+        )  # fmt: skip
+    except BaseException:
+        os.close(meta_r)
+        raise
+    finally:
+        os.close(meta_w)
+    return proc, meta_r
+
+
+def _stream(proc, meta_r, case, slack, results, ns_layers, ns_errors, run_id, on_result):
     """Turn the runner's per-test records into results: "done", "stopped", "stalled" or "ended"."""
+    n_cases, timeout_s = len(case.cases), case.timeout_s
     out_fd = proc.stdout.fileno()
     bufs = {meta_r: bytearray(), out_fd: bytearray()}
     header: dict[str, Any] = {}
@@ -424,7 +410,7 @@ def _stream(proc, meta_r, n_cases, timeout_s, slack, spec, results, ns_layers, n
                 if "layers" in record and "i" not in record:
                     header = record
                     continue
-                result = _to_result(record, spec, {**ns_layers, **header.get("layers", {})},
+                result = _to_result(record, case, {**ns_layers, **header.get("layers", {})},
                                     {**ns_errors, **header.get("errors", {})}, run_id)  # fmt: skip
                 results.append(result)
                 deadline = time.monotonic() + timeout_s + 10  # the runner's own clean-up takes some
@@ -434,7 +420,7 @@ def _stream(proc, meta_r, n_cases, timeout_s, slack, spec, results, ns_layers, n
     return header, bufs[out_fd].decode(errors="replace"), outcome
 
 
-def _to_result(rec: dict, spec: dict, layers: dict, reasons: dict, run_id: str) -> SandboxResult:
+def _to_result(rec: dict, case: CaseSpec, layers: dict, reasons: dict, run_id: str) -> SandboxResult:
     status, sig, code = rec.get("status"), rec.get("signal"), rec.get("exit_code")
     layers = {**layers, **rec.get("layers", {})}
     kind: str | None
@@ -456,9 +442,7 @@ def _to_result(rec: dict, spec: dict, layers: dict, reasons: dict, run_id: str) 
         kind = "killed"
     elif status is None and code != 0:
         kind = "runtime_error"
-    elif spec["call_method"] and (
-        status is None or (spec["harness"] == "lcb" and status.get("value") is None)
-    ):
+    elif case.call_method and (status is None or (case.harness == "lcb" and status.get("value") is None)):
         kind = "runtime_error"  # exited (os._exit, exit()) before returning a value
     else:
         kind = None
@@ -472,7 +456,7 @@ def _to_result(rec: dict, spec: dict, layers: dict, reasons: dict, run_id: str) 
         layers=layers,
         output_truncated=bool(rec.get("overflow")),
         result_json=(status or {}).get("value"),
-        outputs=rec.get("outputs") if spec["harness"] == "evalplus" else None,
+        outputs=rec.get("outputs") if case.harness == "evalplus" else None,
         exception=(status or {}).get("exception"),
         elapsed_s=rec.get("elapsed", 0.0),
         run_id=run_id,

@@ -1,6 +1,6 @@
 """Calling one function on many inputs inside the sandbox, as EvalPlus does, and carrying values.
 
-Used by :mod:`aggbench.grading.evalplus_grader` through ``run_tests(..., harness="evalplus")``.
+Used by :mod:`aggbench.grading.evalplus_grader` through ``run_tests(CaseSpec(..., harness="evalplus"))``.
 The runner (:mod:`.sandbox_runner`) loads this file by path (standard library only, no aggbench
 import) and its forked child calls :func:`call_each`: the code is executed in an empty namespace,
 then ``entry_point(*inp)`` is called on every input in order, each under its own time limit, with

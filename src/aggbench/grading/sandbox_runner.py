@@ -1,6 +1,6 @@
 """The sandbox's inside: the runner process and the forked child that runs one test.
 
-Started by :func:`aggbench.grading.sandbox.run_tests` as ``python -I -B sandbox_runner.py
+Started by :func:`aggbench.grading.sandbox.launch` as ``python -I -B sandbox_runner.py
 --runner SPEC FD`` inside the namespaces; the layers, the layout and the guarantees are described
 in :mod:`aggbench.grading.sandbox`. The runner sets up once (private /tmp, preloaded modules,
 evalplus's reliability guard loaded from source), then for every test forks a child that drops its

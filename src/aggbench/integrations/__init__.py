@@ -4,6 +4,8 @@ a rule into per-token advantages computed on the whole optimiser batch, which th
 loss then applies exactly; each refuses, before training, the host settings under which that would
 no longer be exact (docs/integrations.md). Importing this package imports no host trainer."""
 
+from aggbench.errors import InputError
 
-class AdapterConfigError(ValueError):
+
+class AdapterConfigError(InputError, ValueError):
     """A host-trainer setting under which the rule would not be exact; the message names the fix."""

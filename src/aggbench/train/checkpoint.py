@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from aggbench.config_errors import ConfigError
+from aggbench.errors import InputError
 from aggbench.layout import COMPLETE, checkpoint_dir, checkpoints_root, complete_steps, rule_file
 from aggbench.modeldir import ModelDirError, loading, weights_problem
 
@@ -39,8 +40,8 @@ STATE_FILE = "trainer_state.pt"
 SHARDED_DIR = "sharded"
 
 
-class RunLockedError(RuntimeError):
-    pass
+class RunLockedError(InputError, RuntimeError):
+    """The run directory is locked by another job (the message names the holder)."""
 
 
 class CheckpointError(ModelDirError):
