@@ -260,8 +260,7 @@ def test_a_logged_table_is_replaced_where_old_artifacts_stay(tmp_path, monkeypat
     (MLflow's log_table alone would append the rows to the old ones)."""
     import pandas as pd
 
-    from aggbench.report.summary import log_table
-    from aggbench.tracking import MlflowRun
+    from aggbench.tracking import MlflowRun, log_table
 
     shutil.copy(rf.empty_store(), tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
