@@ -6,7 +6,8 @@ bottom to top (foundations, then the experimental axis, data and grading, then t
 evaluator, then report and plan, then the command line). ``NO_TORCH`` parts must import with torch
 unavailable (report/, grid, plan/ run on a login node or in a CPU job). And no module re-exports
 another module's names: a ``from aggbench.X import name`` finds ``name`` defined in X, unless X is a
-package's ``__init__`` (the public API of aggregation/, data/, rollout/).
+package's ``__init__`` (the public API of aggregation/, data/, rollout/). Only tracking.py writes to
+MLflow (``mlflow_writes``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ ALLOWED: dict[str, set[str]] = {
     | {"errors", "layout", "metric_names", "registry", "seeds", "tiny/", "tracking"},
     # adapters for other trainers: the rules, nothing of aggbench's trainer
     "integrations/": {"aggregation/", "errors"},
-    "report/": {"config", "data/", "evaluation/", "files", "grid", "layout", "metric_names", "tracking"}
+    "report/": {"config", "data/", "files", "grid", "layout", "metric_names", "tracking"}
     | {"aggregation/"},  # explain_render: the explain batch's types, for annotations only (no torch)
     "plan/": {"data/", "grid", "layout", "rollout/", "tiny/"},
     "cli/": {"*"},
@@ -193,3 +194,87 @@ def test_no_module_re_exports_another_modules_names():
                 if alias.name not in names and not submodule:
                     bad.append(f"{path.relative_to(repo)}: {alias.name} is not defined in {mod}")
     assert bad == []
+
+
+# --------------------------------------------------------------------------- MLflow writes
+
+# The write API of MLflow, outside tracking.py: (1) importing mlflow at all, except
+# ``from mlflow.exceptions import ...`` (errors to catch): the package is the fluent API
+# (mlflow.log_metric, start_run, set_tags, log_table, ...), and its client and entities exist to
+# write (a reader takes the client of ``tracking.init_store`` or ``MlflowRun.client``); (2) naming
+# any MlflowClient method named for a writing verb (log_batch, set_terminated, update_run,
+# log_artifact, ...), called or handed to a retry, on whatever object: that is how a client handed
+# out for reading would write; (3) importing tracking's private names (its retry).
+WRITE_VERBS = {"log", "set", "create", "update", "delete", "restore", "rename", "register", "link"}
+WRITE_VERBS |= {"unlink", "finalize", "copy", "start", "end", "add", "remove", "detach", "refresh"}
+WRITE_VERBS |= {"transition"}
+READ_ONLY_MLFLOW = {"mlflow.exceptions"}
+
+
+def mlflow_write_methods() -> set[str]:
+    """MlflowClient's methods that write to the store (reads: get_, search_, list_, load_, download_)."""
+    from mlflow.tracking import MlflowClient
+
+    return {n for n in dir(MlflowClient) if n.split("_", 1)[0] in WRITE_VERBS}
+
+
+def mlflow_writes(src: Path, methods: set[str]) -> list[str]:
+    """Every use of MLflow's write API (the comment above) in a module of ``src`` but tracking."""
+    bad = []
+    for path in sorted(src.rglob("*.py")):
+        module = module_name(path, src)
+        if module == "aggbench.tracking":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{module}:{getattr(node, 'lineno', '')}"
+            if isinstance(node, ast.Import):
+                bad += [f"{where} imports {a.name}" for a in node.names if a.name.split(".")[0] == "mlflow"]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module.split(".")[0] == "mlflow" and node.module not in READ_ONLY_MLFLOW:
+                    bad.append(f"{where} imports from {node.module}")
+                elif node.module == "aggbench.tracking":
+                    bad += [
+                        f"{where} imports tracking's private {a.name}" for a in node.names if a.name[0] == "_"
+                    ]
+            elif isinstance(node, ast.Attribute) and node.attr in methods:
+                bad.append(f"{where} uses .{node.attr}, an MLflow write")
+    return bad
+
+
+def test_only_tracking_writes_to_mlflow():
+    methods = mlflow_write_methods()
+    assert {"log_batch", "log_artifact", "log_table", "set_terminated", "update_run", "create_run"} <= methods
+    assert mlflow_writes(SRC, methods) == []
+
+
+def test_an_mlflow_write_outside_tracking_is_caught(tmp_path):
+    """The checker itself: each kind of write outside tracking.py is reported, reads and tracking's
+    public API are not, and tracking.py may do anything."""
+    src = tmp_path / "aggbench"
+    (src / "report").mkdir(parents=True)
+    (src / "__init__.py").write_text("")
+    (src / "report" / "__init__.py").write_text("")
+    (src / "tracking.py").write_text("import mlflow\n\ndef f(client):\n    client.log_batch('r')\n")
+    (src / "report" / "summary.py").write_text(
+        "from aggbench.tracking import MlflowRun, _retry\n"
+        "\n"
+        "def f(client, run):\n"
+        "    _retry(client.log_artifact, run.run_id, 'p')\n"
+        "    run.client.log_table(run.run_id, None, 't.json')\n"
+    )
+    (src / "report" / "ingest.py").write_text(
+        "import mlflow.exceptions\n"
+        "from mlflow.exceptions import MlflowException\n"
+        "from aggbench.tracking import MlflowRun, metric_history\n"
+        "\n"
+        "def g(run, client):\n"
+        "    from mlflow.entities import Metric\n"
+        "    run.set_tags({}), run.log_params({}), run.sync([]), client.get_run('r'), client.search_runs([])\n"
+    )
+    assert mlflow_writes(src, mlflow_write_methods()) == [
+        "aggbench.report.ingest:1 imports mlflow.exceptions",
+        "aggbench.report.ingest:6 imports from mlflow.entities",
+        "aggbench.report.summary:1 imports tracking's private _retry",
+        "aggbench.report.summary:4 uses .log_artifact, an MLflow write",
+        "aggbench.report.summary:5 uses .log_table, an MLflow write",
+    ]

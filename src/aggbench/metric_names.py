@@ -3,11 +3,17 @@ report's ``@n`` form (n = the benchmark's samples per problem), and their MLflow
 ``eval/{benchmark}/{name}`` with ``@`` spelled ``_at_`` (MLflow refuses ``@``).
 
 Benchmark specs (data/), scoring and metrics (evaluation/) and the report all parse names here.
+What one checkpoint's evaluation puts in its MLflow run (``eval_to_mlflow``) is decided here too: the
+evaluator logs it (``aggbench.evaluation.mlflow``), ``aggbench ingest`` replays it from the files
+and the report's check compares the store with it (``aggbench.report.ingest``), and report/ does not
+import evaluation/.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 KINDS = ("avg", "pass", "maj")
 # the context policy's per-benchmark counts (aggbench.evaluation.context): prompts longer than the
@@ -40,3 +46,28 @@ def mlflow_prefix(benchmark: str) -> str:
 def from_mlflow(key: str, benchmark: str) -> str:
     """The metric name of an MLflow key of ``benchmark`` (inverse of :func:`mlflow_key`)."""
     return key[len(mlflow_prefix(benchmark)) :].replace("_at_", "@")
+
+
+def eval_metric_values(benchmark: str, metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The MLflow metrics of one benchmark's ``metrics.json`` content: every avg@/pass@/maj@ value
+    (``metrics["metrics"]`` lists them), the CI of avg@n, lengths and the context counts."""
+    out = {mlflow_key(benchmark, m): float(metrics[m]) for m in metrics.get("metrics", []) if m in metrics}
+    for name in ("ci_low", "ci_high", "mean_length", "truncation_rate", *CONTEXT_COUNTS):
+        if metrics.get(name) is not None:
+            out[mlflow_key(benchmark, name)] = float(metrics[name])
+    return out
+
+
+def eval_to_mlflow(
+    metrics_by_benchmark: Mapping[str, Mapping[str, Any]],
+) -> tuple[dict[str, float], dict[str, str]]:
+    """({MLflow key: value}, {tag: value}) of one checkpoint's evaluation, {benchmark: metrics.json
+    content}: the metrics of every benchmark and, for a code benchmark graded on its public tests
+    only, the tag ``eval/{benchmark}/notes``."""
+    values: dict[str, float] = {}
+    tags: dict[str, str] = {}
+    for bench, metrics in metrics_by_benchmark.items():
+        values.update(eval_metric_values(bench, metrics))
+        if metrics.get("public_tests_only"):
+            tags[mlflow_key(bench, "notes")] = "public tests only"
+    return values, tags

@@ -28,6 +28,11 @@ Run status (a run is never left RUNNING by a process that could still say how it
 Parameters: a cell's run carries its resolved config as params (``config.flat_config``), logged
 once; a resume compares them with the run's and refuses a different value (MLflow's params cannot
 change). The experiment carries ``mlflow.experimentKind``, so MLflow 3's UI opens on its runs.
+
+Every write to MLflow is made here (``tests/test_layering.py`` checks that no other module imports
+mlflow or names a write of its client): the trainer, the evaluator, ``aggbench ingest`` and the
+report's summary run write through ``MlflowRun`` and ``log_table``; readers take the client of
+``init_store`` (or ``MlflowRun.client``) and read metrics through ``metric_history``.
 """
 
 from __future__ import annotations
@@ -38,13 +43,17 @@ import json
 import logging
 import math
 import os
+import posixpath
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from aggbench.files import write_atomic
 
@@ -55,6 +64,7 @@ SENTINEL = "train/step"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 BATCH = 100  # params or tags per log_batch call: MLflow's MAX_PARAMS_TAGS_PER_BATCH
+METRICS_PER_BATCH = 1000  # metrics per log_batch call: MLflow's MAX_METRICS_PER_BATCH
 
 log = logging.getLogger("aggbench.tracking")
 
@@ -168,9 +178,6 @@ class MlflowRun:
     """
 
     def __init__(self, tracking_uri: str, experiment: str, cell_id: str, run_dir: Path | None) -> None:
-        import mlflow
-
-        self.mlflow = mlflow
         self.uri = tracking_uri
         self.client = init_store(tracking_uri)
         self.cell_id = cell_id
@@ -292,13 +299,80 @@ class MlflowRun:
                 and not isinstance(v, bool)
             ]
             metrics.append(Metric(SENTINEL, float(step), ts, step))  # last: marks the step as synced
-            if len(metrics) > 1000:
+            if len(metrics) > METRICS_PER_BATCH:
                 raise ValueError(
-                    f"step {step} has {len(metrics)} metrics; MLflow's log_batch takes at most 1000"
+                    f"step {step} has {len(metrics)} metrics; MLflow's log_batch takes at most "
+                    f"{METRICS_PER_BATCH}"
                 )
             _retry(self.client.log_batch, self.run_id, metrics=metrics)
             logged += 1
         return logged
+
+    def log_step_metrics(
+        self, step: int, values: Mapping[str, float], tags: dict[str, str] | None = None
+    ) -> tuple[list[str], list[str]]:
+        """Log ``values`` at ``step``, idempotently, then ``tags``: (logged keys, skipped keys).
+
+        A key that already has a value at ``step`` (read through ``metric_history``) is skipped, so
+        re-running never stores a second value (nor replaces the first); the rest go in ``log_batch``
+        calls of ``METRICS_PER_BATCH``. A checkpoint's evaluation metrics at its training step come
+        this way, live (``aggbench evaluate``) and replayed from the files (``aggbench ingest``).
+        """
+        from mlflow.entities import Metric
+
+        logged, skipped = [], []
+        now = int(time.time() * 1000)
+        batch = []
+        for key, value in values.items():
+            if step in metric_history(self.client, self.run_id, key):
+                skipped.append(key)
+            else:
+                batch.append(Metric(key, value, now, int(step)))
+                logged.append(key)
+        for i in range(0, len(batch), METRICS_PER_BATCH):
+            _retry(self.client.log_batch, self.run_id, metrics=batch[i : i + METRICS_PER_BATCH])
+        if tags:
+            self.set_tags(tags)
+        return logged, skipped
+
+    def log_file(self, path: Path, folder: str) -> None:
+        """The file ``path`` as an artifact of the run, under ``folder``."""
+        _retry(self.client.log_artifact, self.run_id, str(path), folder)
+
+    def clear_artifacts(self) -> None:
+        """Delete the run's artifacts where its artifact store is a local directory (a remote store
+        is left as it is: ``log_table`` then overwrites a table instead of appending to it)."""
+        local = _local_path(self.client.get_run(self.run_id).info.artifact_uri)
+        if local is not None and local.is_dir():
+            for child in local.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+
+def log_table(client: Any, run_id: str, frame: Any, artifact_file: str) -> None:
+    """``frame`` (a pandas DataFrame) as the MLflow table ``artifact_file``, replacing one logged before.
+
+    MLflow's ``log_table`` appends to an existing table; where the old artifacts could not be
+    deleted first (a remote artifact store), the file is overwritten in the format ``log_table``
+    writes (JSON, orient "split"), which ``load_table`` reads.
+    """
+    folder = posixpath.dirname(artifact_file) or None
+    if artifact_file not in {f.path for f in _retry(client.list_artifacts, run_id, folder)}:
+        client.log_table(run_id, frame, artifact_file)  # not retried: a second try would append
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / posixpath.basename(artifact_file)
+        frame.to_json(path, orient="split", index=False, date_format="iso")
+        _retry(client.log_artifact, run_id, str(path), folder)
+
+
+def _local_path(uri: str) -> Path | None:
+    """The directory of a ``file:`` (or scheme-less) artifact URI; None for a remote store."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "" and uri:
+        return Path(uri)
+    return None
 
 
 class Terminated(SystemExit):

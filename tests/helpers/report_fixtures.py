@@ -172,7 +172,7 @@ def raw_counts(client, run_id: str, keys) -> dict[str, list[int]]:
 def _worker(uri: str, experiment: str, cid: str, run_dir: str, sync_dir: str, rounds: str = "1") -> None:
     """One job: import everything, say ready, then for each round wait for its start signal
     (``go-{round}``) and sync one cell's files (``MlflowRun.sync``, one transaction per step, then
-    ``log_eval_metrics``) as a trainer would, printing what it logged as one JSON line."""
+    ``MlflowRun.log_step_metrics``) as a trainer would, printing what it logged as one JSON line."""
     import mlflow  # noqa: F401 - imported before the start signal, so the jobs really overlap
 
     import aggbench.evaluation.generate  # noqa: F401

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import re
-import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -253,25 +252,6 @@ def test_summary_tables_load_back_as_mlflow_tables(reported, monkeypatch):
     assert len(peak) == len(read_csv(out / "peak.csv"))
     values = mlflow.load_table("tables/values.json", run_ids=[run_id])
     assert len(values) == sum(1 for _ in (out / "values.csv").open()) - 1
-
-
-def test_a_logged_table_is_replaced_where_old_artifacts_stay(tmp_path, monkeypatch):
-    """A remote artifact store cannot be emptied first: logging a table again overwrites it
-    (MLflow's log_table alone would append the rows to the old ones)."""
-    import pandas as pd
-
-    from aggbench.report.summary import log_table
-    from aggbench.tracking import MlflowRun
-
-    shutil.copy(rf.empty_store(), tmp_path / "mlflow.db")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # load_table searches the default store
-    run = MlflowRun(uri, "tables", "summary", None)
-    first = pd.DataFrame({"row": ["a", "b"], "mean": [1.5, None]})
-    log_table(run.client, run.run_id, first, "tables/t.json")
-    log_table(run.client, run.run_id, pd.DataFrame({"row": ["c"], "mean": [2.0]}), "tables/t.json")
-    got = run.client.load_table(run.experiment_id, "tables/t.json", [run.run_id])
-    assert got["row"].tolist() == ["c"] and got["mean"].tolist() == [2.0]
 
 
 def test_metric_names_and_reported_validation(reported):

@@ -1,8 +1,8 @@
 """A damaged file in the checkpoint being resumed (empty, truncated or overwritten trainer state,
 model weights or FSDP shards) is one error naming the file and the fix: delete that step_N (and
 resume from an earlier checkpoint, or start again) or train into a new --out. torch's EOFError for
-an empty file never reaches click, which reads it as Ctrl-D and prints only 'Aborted!'. A torn
-MLflow marker (``mlflow_run.json``) is ignored and written again, whole."""
+an empty file never reaches click, which reads it as Ctrl-D and prints only 'Aborted!'. (A torn
+MLflow marker, ``mlflow_run.json``: tests/test_tracking.py.)"""
 
 from __future__ import annotations
 
@@ -172,48 +172,3 @@ def test_cli_names_an_empty_trainer_state_instead_of_aborted(tmp_path, trained):
     assert "Aborted!" not in proc.stderr
     assert f"Error: {state} is unreadable (empty file); delete" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
-
-
-# ---------------------------------------------------------------- D15: the MLflow marker
-
-
-def test_a_torn_mlflow_marker_is_ignored_and_written_again_whole(tmp_path):
-    from aggbench.tracking import MlflowRun
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run_dir = tmp_path / "run"
-    first = MlflowRun(uri, "test", "cell-a", run_dir)
-    marker = run_dir / "mlflow_run.json"
-    marker.write_text('{"tracking_uri": "sqlite:///')  # what a crash mid-write left before
-    again = MlflowRun(uri, "test", "cell-a", run_dir)
-    assert again.run_id == first.run_id  # found by its tag
-    assert json.loads(marker.read_text()) == {"tracking_uri": uri, "run_id": first.run_id}
-    assert sorted(p.name for p in run_dir.iterdir()) == ["mlflow_run.json"]  # no temporary file
-
-
-def test_the_mlflow_marker_is_never_left_torn(tmp_path):
-    """A write that fails part-way (here: the file size limit, as on a full disk) leaves no marker,
-    instead of a torn one."""
-    import resource
-    import signal
-
-    from aggbench.tracking import MlflowRun
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run_dir = tmp_path / "run"
-    tracker = MlflowRun(uri, "test", "cell-a", run_dir)
-    marker = run_dir / "mlflow_run.json"
-    marker.unlink()
-    found = tracker.client.search_runs([tracker.experiment_id])
-    tracker.client.search_runs = lambda *a, **k: found  # no database I/O under the limit below
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (20, hard))
-    try:
-        with pytest.raises(OSError):
-            tracker._find_or_create()
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, old)
-    assert not marker.exists()
-    assert list(run_dir.iterdir()) == []

@@ -1,6 +1,6 @@
 """A cell's MLflow run as researchers use it: the resolved config as params, checked on resume; a
 status that says how training ended (SCHEDULED between segments, FINISHED, FAILED, KILLED on
-SIGTERM); the experiment tagged for MLflow 3's runs view. Real MLflow, SQLite stores under tmp."""
+SIGTERM). Real MLflow, SQLite stores under tmp. (MlflowRun alone: tests/test_tracking.py.)"""
 
 from __future__ import annotations
 
@@ -13,13 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from mlflow.entities import Param
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from aggbench.config import PARAM_VALUE_LIMIT, TrainConfig, flat_config, load_train_config, resume_mutable
 from aggbench.config_errors import ConfigError
-from aggbench.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MlflowRun
 from aggbench.train import loop
 from helpers import report_fixtures as rf
 from helpers.tiny_models import tiny_model_for_tests
@@ -78,29 +75,6 @@ def test_flat_config_names_values_and_limit():
     assert all(isinstance(v, str) for v in flat.values()) and list(flat) == sorted(flat)
 
 
-def test_more_params_than_one_batch_are_all_logged(uri, monkeypatch):
-    run = MlflowRun(uri, "batches", "many", None)
-    store = run.client._tracking_client.store
-    # the store takes at most 100 params per log_batch (MLflow's client splits larger calls too)
-    with pytest.raises(MlflowException, match="at most 100 params"):
-        store.log_batch(run.run_id, metrics=[], params=[Param(f"p{i}", "v") for i in range(101)], tags=[])
-    sizes = []
-    real = store.log_batch
-
-    def recording(run_id, metrics, params, tags):  # the real store, calls recorded
-        sizes.append(len(params))
-        return real(run_id, metrics=metrics, params=params, tags=tags)
-
-    monkeypatch.setattr(store, "log_batch", recording)
-    params = {f"section.key_{i:03d}": str(i) for i in range(250)}
-    assert run.log_params(params) == 250
-    assert sizes == [100, 100, 50]
-    assert run.client.get_run(run.run_id).data.params == params
-    assert run.log_params(params) == 0 and sizes == [100, 100, 50]  # already there: nothing sent
-    assert run.param_conflicts(params) == []
-    assert run.param_conflicts({**params, "section.key_007": "x"}) == ["section.key_007: '7' -> 'x'"]
-
-
 def test_cell_params_are_the_config_without_what_a_resume_may_change(uri, tmp_path):
     cfg = _cfg(uri)
     run = loop.open_tracker(cfg, tmp_path / "run")
@@ -139,20 +113,6 @@ def test_resume_with_the_same_config_passes_and_a_changed_param_is_refused(uri, 
     data = kept.client.get_run(kept.run_id).data
     assert kept.run_id == first.run_id and data.params["algorithm.lr"] == "1e-06"
     assert data.tags["aggbench.config_changes"] == "at step 0: algorithm.lr: '1e-06' -> '0.001'"
-
-
-def test_experiment_is_tagged_for_the_runs_view(uri):
-    client = MlflowClient(tracking_uri=uri)
-    MlflowRun(uri, "fresh", "a", None)
-    assert client.get_experiment_by_name("fresh").tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
-    assert EXPERIMENT_KIND == "custom_model_development"
-    old = client.create_experiment("older")  # made without the tag (an earlier aggbench, by hand)
-    assert EXPERIMENT_KIND_TAG not in client.get_experiment(old).tags
-    MlflowRun(uri, "older", "a", None)
-    assert client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
-    chosen = client.create_experiment("chosen", tags={EXPERIMENT_KIND_TAG: "finetuning"})
-    MlflowRun(uri, "chosen", "a", None)
-    assert client.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "finetuning"  # a user's choice stays
 
 
 # --------------------------------------------------------------------------- status

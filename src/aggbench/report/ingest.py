@@ -9,8 +9,9 @@ The files under ``results/`` are the source of truth::
 
 ``ingest`` mirrors them into one MLflow run per cell (tag ``aggbench.cell_id``) and one run per
 model for its base evaluation (``{model}__base``), through the same idempotent writers the trainer
-and the evaluator use (``MlflowRun.sync``, ``log_eval_metrics``), so running it twice, or after a
-live-logging job, stores nothing twice. ``verify`` reads MLflow back and lists every value that is
+and the evaluator use (``MlflowRun.sync``; ``MlflowRun.log_step_metrics`` of
+``metric_names.eval_to_mlflow``, as ``aggbench.evaluation.mlflow`` does), so running it twice, or after
+a live-logging job, stores nothing twice. ``verify`` reads MLflow back and lists every value that is
 in the files but missing or different in MLflow.
 
 Training rows past the latest complete checkpoint are not committed (a resume cuts them off and
@@ -28,6 +29,7 @@ from typing import Any
 
 from aggbench import layout
 from aggbench.grid import cells, results_dir, total_steps
+from aggbench.metric_names import eval_metric_values, eval_to_mlflow
 from aggbench.tracking import (
     SENTINEL,
     MetricsLog,
@@ -175,8 +177,6 @@ def log_cell_params(run: MlflowRun, run_dir: Path, have: Mapping[str, str] | Non
 
 def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
     """Mirror one source's files into its MLflow run; returns what was logged."""
-    from aggbench.evaluation.mlflow import log_eval_metrics
-
     run = open_run(uri, experiment, src.cell_id, src.run_dir)
     before = run.client.get_run(run.run_id)
     have = before.data.tags
@@ -188,10 +188,8 @@ def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
     steps = run.sync(rows, upto=src.committed_step(rows)) if rows else 0
     eval_values = 0
     for step, by_bench in sorted(src.evals().items()):
-        res = log_eval_metrics(
-            src.run_dir, src.cell_id, step, by_bench, tracking_uri=uri, experiment=experiment
-        )
-        eval_values += len(res["logged"])
+        logged, _ = run.log_step_metrics(step, *eval_to_mlflow(by_bench))
+        eval_values += len(logged)
     status = status_from_files(src, rows, run.created)
     if status is not None and status != before.info.status:
         run.set_status(status)
@@ -348,8 +346,6 @@ def _compare(cid: str, expected: dict[str, dict[int, float]], client: Any, run_i
 
 def verify_source(src: Source, client: Any, run: Any | None) -> list[Problem]:
     """Every value in ``src``'s committed files that MLflow lacks or holds differently."""
-    from aggbench.evaluation.mlflow import eval_metric_values
-
     rows = src.rows()
     committed = src.committed_step(rows)
     expected: dict[str, dict[int, float]] = {}

@@ -1,0 +1,124 @@
+"""aggbench.tracking on its own: MlflowRun's params in batches, the experiment's kind tag, the
+``mlflow_run.json`` marker, and tables replaced rather than appended to. Real MLflow, SQLite stores
+under tmp. (The trainer's use of it: tests/train/test_mlflow_run.py and test_crash_resume.py;
+ingest's: tests/report/.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from mlflow.entities import Param
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from aggbench.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MlflowRun, log_table
+from helpers import report_fixtures as rf
+
+
+@pytest.fixture
+def uri(tmp_path) -> str:
+    """A migrated, empty SQLite store (a copy: MLflow's migrations take seconds)."""
+    shutil.copy(rf.empty_store(), tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+# --------------------------------------------------------------------------- params and experiment
+
+
+def test_more_params_than_one_batch_are_all_logged(uri, monkeypatch):
+    run = MlflowRun(uri, "batches", "many", None)
+    store = run.client._tracking_client.store
+    # the store takes at most 100 params per log_batch (MLflow's client splits larger calls too)
+    with pytest.raises(MlflowException, match="at most 100 params"):
+        store.log_batch(run.run_id, metrics=[], params=[Param(f"p{i}", "v") for i in range(101)], tags=[])
+    sizes = []
+    real = store.log_batch
+
+    def recording(run_id, metrics, params, tags):  # the real store, calls recorded
+        sizes.append(len(params))
+        return real(run_id, metrics=metrics, params=params, tags=tags)
+
+    monkeypatch.setattr(store, "log_batch", recording)
+    params = {f"section.key_{i:03d}": str(i) for i in range(250)}
+    assert run.log_params(params) == 250
+    assert sizes == [100, 100, 50]
+    assert run.client.get_run(run.run_id).data.params == params
+    assert run.log_params(params) == 0 and sizes == [100, 100, 50]  # already there: nothing sent
+    assert run.param_conflicts(params) == []
+    assert run.param_conflicts({**params, "section.key_007": "x"}) == ["section.key_007: '7' -> 'x'"]
+
+
+def test_experiment_is_tagged_for_the_runs_view(uri):
+    client = MlflowClient(tracking_uri=uri)
+    MlflowRun(uri, "fresh", "a", None)
+    assert client.get_experiment_by_name("fresh").tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    assert EXPERIMENT_KIND == "custom_model_development"
+    old = client.create_experiment("older")  # made without the tag (an earlier aggbench, by hand)
+    assert EXPERIMENT_KIND_TAG not in client.get_experiment(old).tags
+    MlflowRun(uri, "older", "a", None)
+    assert client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    chosen = client.create_experiment("chosen", tags={EXPERIMENT_KIND_TAG: "finetuning"})
+    MlflowRun(uri, "chosen", "a", None)
+    assert client.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "finetuning"  # a user's choice stays
+
+
+# --------------------------------------------------------------------------- the run marker
+
+
+def test_a_torn_mlflow_marker_is_ignored_and_written_again_whole(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    first = MlflowRun(uri, "test", "cell-a", run_dir)
+    marker = run_dir / "mlflow_run.json"
+    marker.write_text('{"tracking_uri": "sqlite:///')  # what a crash mid-write left before
+    again = MlflowRun(uri, "test", "cell-a", run_dir)
+    assert again.run_id == first.run_id  # found by its tag
+    assert json.loads(marker.read_text()) == {"tracking_uri": uri, "run_id": first.run_id}
+    assert sorted(p.name for p in run_dir.iterdir()) == ["mlflow_run.json"]  # no temporary file
+
+
+def test_the_mlflow_marker_is_never_left_torn(tmp_path):
+    """A write that fails part-way (here: the file size limit, as on a full disk) leaves no marker,
+    instead of a torn one."""
+    import resource
+    import signal
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run_dir = tmp_path / "run"
+    tracker = MlflowRun(uri, "test", "cell-a", run_dir)
+    marker = run_dir / "mlflow_run.json"
+    marker.unlink()
+    found = tracker.client.search_runs([tracker.experiment_id])
+    tracker.client.search_runs = lambda *a, **k: found  # no database I/O under the limit below
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20, hard))
+    try:
+        with pytest.raises(OSError):
+            tracker._find_or_create()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+    assert not marker.exists()
+    assert list(run_dir.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- artifacts
+
+
+def test_a_logged_table_is_replaced_where_old_artifacts_stay(tmp_path, monkeypatch):
+    """A remote artifact store cannot be emptied first: logging a table again overwrites it
+    (MLflow's log_table alone would append the rows to the old ones)."""
+    import pandas as pd
+
+    shutil.copy(rf.empty_store(), tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # load_table searches the default store
+    run = MlflowRun(uri, "tables", "summary", None)
+    first = pd.DataFrame({"row": ["a", "b"], "mean": [1.5, None]})
+    log_table(run.client, run.run_id, first, "tables/t.json")
+    log_table(run.client, run.run_id, pd.DataFrame({"row": ["c"], "mean": [2.0]}), "tables/t.json")
+    got = run.client.load_table(run.experiment_id, "tables/t.json", [run.run_id])
+    assert got["row"].tolist() == ["c"] and got["mean"].tolist() == [2.0]
