@@ -1,12 +1,17 @@
-"""Helpers for trainer tests: a small cell config and readers of a run directory."""
+"""Helpers for trainer tests: a small cell config (written, or read back as a TrainConfig) and
+readers of a run directory."""
 
 from __future__ import annotations
 
+import copy
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from aggbench.config import TrainConfig, load_train_config
 
 # timing fields differ between runs; everything else must be identical on CPU
 VOLATILE = ("time", "time/generate_s", "time/update_s", "tokens_per_s")
@@ -43,6 +48,29 @@ def write_cell(
     }
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def train_config(cell: Path | Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> TrainConfig:
+    """The TrainConfig of ``cell`` with ``overrides`` set by dotted key (``{"tracking.enabled": False}``):
+    a cell YAML is read as ``aggbench train`` reads it (load_train_config, the overrides as its
+    ``--set``); a mapping, for a config no test needs on disk, is validated as it is."""
+    if not isinstance(cell, Mapping):
+        return load_train_config(cell, dict(overrides or {}))
+    data = copy.deepcopy(dict(cell))
+    for dotted, value in (overrides or {}).items():
+        *parents, leaf = dotted.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return TrainConfig.model_validate(data)
+
+
+def cell_config(
+    path: Path, model: Path, data: Path, *, overrides: Mapping[str, Any] | None = None, **cell: Any
+) -> TrainConfig:
+    """:func:`write_cell` at ``path`` (``cell``: its keywords), read back by :func:`train_config`."""
+    return train_config(write_cell(path, model, data, **cell), overrides)
 
 
 def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:

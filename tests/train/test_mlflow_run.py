@@ -23,7 +23,7 @@ from aggbench.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MlflowRun
 from aggbench.train import loop
 from helpers import report_fixtures as rf
 from helpers.tiny_models import tiny_model_for_tests
-from helpers.trainer_support import metrics_rows, write_cell
+from helpers.trainer_support import metrics_rows, train_config, write_cell
 
 
 @pytest.fixture
@@ -46,13 +46,7 @@ def _cfg(uri: str, **over) -> TrainConfig:
         "aggregation": {"name": "balanced_batch", "rule": "balanced", "params": {"scope": "batch"}},
         "tracking": {"tracking_uri": uri, "experiment": "params"},
     }
-    for dotted, value in over.items():
-        *parents, leaf = dotted.split(".")
-        node = data
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return TrainConfig.model_validate(data)
+    return train_config(data, over)
 
 
 def _run(uri: str, experiment: str, cell: str):

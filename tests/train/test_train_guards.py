@@ -14,12 +14,11 @@ import yaml
 
 from aggbench.config import TrainConfig, check_resume, dump_config, load_train_config
 from aggbench.config_errors import ConfigError
-from helpers.trainer_support import metrics_rows, write_cell
+from helpers.trainer_support import cell_config, metrics_rows, write_cell
 
 
 def _cfg(tmp_path: Path, name: str = "cell.yaml", **algorithm):
-    cell = write_cell(tmp_path / name, tmp_path / "model", tmp_path / "data.jsonl", **algorithm)
-    return load_train_config(cell)
+    return cell_config(tmp_path / name, tmp_path / "model", tmp_path / "data.jsonl", **algorithm)
 
 
 def test_unchanged_and_mutable_changes_resume(tmp_path):
