@@ -50,6 +50,22 @@ def write_cell(
     return path
 
 
+def bare_cell(tmp_path: Path, **top: Any) -> Path:
+    """A valid cell config (tmp_path/cell.yaml) of few keys, ``top`` merged in at the top level; model
+    and data paths need not exist (config errors come first)."""
+    cfg = {
+        "model": {"name": "tiny", "path": str(tmp_path / "model")},
+        "dataset": {"name": "tiny", "path": str(tmp_path / "data.jsonl"), "grader": "tiny"},
+        "threads": 1,
+        "algorithm": {"total_steps": 4, "prompts_per_step": 4, "group_size": 4},
+        "tracking": {"enabled": False},
+        **top,
+    }
+    path = tmp_path / "cell.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
 def train_config(cell: Path | Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> TrainConfig:
     """The TrainConfig of ``cell`` with ``overrides`` set by dotted key (``{"tracking.enabled": False}``):
     a cell YAML is read as ``aggbench train`` reads it (load_train_config, the overrides as its

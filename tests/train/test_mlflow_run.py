@@ -17,7 +17,7 @@ from mlflow.entities import Param
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from aggbench.config import PARAM_VALUE_LIMIT, TrainConfig, flat_config, load_train_config, resume_mutable
+from aggbench.config import TrainConfig, flat_config, load_train_config, resume_mutable
 from aggbench.config_errors import ConfigError
 from aggbench.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, MlflowRun
 from aggbench.train import loop
@@ -57,19 +57,6 @@ def _run(uri: str, experiment: str, cell: str):
 
 
 # --------------------------------------------------------------------------- params
-
-
-def test_flat_config_names_values_and_limit():
-    cfg = _cfg(None, **{"algorithm.lr": 3e-4, "model.system_prompt": "x" * (PARAM_VALUE_LIMIT + 50)})
-    flat = flat_config(cfg)
-    assert flat["aggregation"] == "balanced_batch" and "aggregation.name" not in flat
-    assert flat["aggregation.rule"] == "balanced" and flat["aggregation.params.scope"] == "batch"
-    assert flat["algorithm.lr"] == "0.0003" and flat["sampling.temperature"] == "1.0"
-    assert flat["algorithm.betas"] == "[0.9, 0.999]" and flat["model.stop_tokens"] == "[]"
-    assert flat["algorithm.dual_clip"] == "null" and flat["algorithm.dynamic_sampling"] == "false"
-    assert flat["algorithm.overlong.buffer"] == "0" and flat["dataset.prompt_template"] == "{prompt}"
-    assert flat["model.system_prompt"] == "x" * PARAM_VALUE_LIMIT
-    assert all(isinstance(v, str) for v in flat.values()) and list(flat) == sorted(flat)
 
 
 def test_more_params_than_one_batch_are_all_logged(uri, monkeypatch):
