@@ -4,9 +4,10 @@ train with 2,048-token prompts, 8,192-token responses and a 4,096-token overlong
 
 aggbench writes ``models.<m>.config_overrides`` into the prepared directory's config.json, the one
 directory the trainer, both rollout engines and the evaluator load (the real-vLLM half of this is in
-tests/rollout/test_vllm_real.py); these tests show the override recorded, refused when it names no
-field, carried by training's checkpoints, seen by the evaluator, and that a model whose positions
-are too few for the sampling lengths is refused before training instead of run past its positions.
+tests/rollout/test_vllm_real.py; the override recorded, and refused when it names no field, in
+tests/cli/test_prepare_model.py); these tests show it carried by training's checkpoints, seen by
+the evaluator, and that a model whose positions are too few for the sampling lengths is refused
+before training instead of run past its positions.
 """
 
 from __future__ import annotations
@@ -25,39 +26,13 @@ from click.testing import CliRunner
 from aggbench.cli import main
 from aggbench.config import load_train_config
 from aggbench.evaluation.context import model_context
-from aggbench.modeldir import MARKER, ModelDirError, apply_config_overrides
+from aggbench.modeldir import ModelDirError, apply_config_overrides
 from aggbench.train.loop import train
 from helpers.trainer_support import write_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "configs" / "paper.yaml"
 LONG = {"sampling.max_prompt_tokens": 256, "sampling.max_new_tokens": 300}  # 556 > tiny's 512 positions
-
-
-def _prepare(out: Path, *extra: str):
-    args = ["prepare-model", "tiny", "--out", str(out), "--sft-steps", "0", "--probe-prompts", "0", "--quiet"]
-    return CliRunner().invoke(main, [*args, *extra])
-
-
-def test_prepare_model_writes_records_and_guards_the_override(tmp_path):
-    out = tmp_path / "m"
-    res = _prepare(out, "--config-override", "max_position_embeddings=1024")
-    assert res.exit_code == 0, res.output
-    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 1024
-    record = json.loads((out / MARKER).read_text())
-    assert record["config_overrides"] == {"max_position_embeddings": 1024}
-    assert record["config_replaced"] == {"max_position_embeddings": 512}
-    assert model_context(out) == 1024  # what `aggbench generate` caps budgets with
-    # the same request again is a no-op; a different one (or none) is refused, naming the field
-    assert _prepare(out, "--config-override", "max_position_embeddings=1024").exit_code == 0
-    for extra in ([], ["--config-override", "max_position_embeddings=2048"]):
-        res = _prepare(out, *extra)
-        assert res.exit_code != 0 and "config_overrides" in res.output and "--force" in res.output
-    # a key the config lacks would change nothing: refused with the closest real field
-    res = _prepare(tmp_path / "typo", "--config-override", "max_position_embedding=1024")
-    assert res.exit_code != 0
-    assert "'max_position_embedding'" in res.output and "Did you mean 'max_position_embeddings'" in res.output
-    assert not (tmp_path / "typo").exists()  # nothing half-prepared left behind
 
 
 def test_trainer_refuses_too_few_positions_and_trains_with_the_override(

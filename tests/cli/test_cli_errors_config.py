@@ -1,61 +1,32 @@
 """Bad configs, options and plugins fail with one clean line naming the file, field or option and
-the fix (no traceback), before anything is loaded: the experiment and cell configs, `train --set`,
-devices and engines this machine lacks, plugins that fail on import, `prepare-data` and
-`prepare-model` inputs, SLURM resource keys, and the stored config a resume is checked against."""
+the fix (no traceback), before anything is loaded: the experiment config, `train --set`, devices
+and engines this machine lacks, plugins that fail on import, `prepare-data` inputs and SLURM
+resource keys. The cell config's own checks are in tests/test_config.py, `prepare-model`'s in
+tests/cli/test_prepare_model.py."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from aggbench.config import check_resume, dump_config, load_train_config
+from aggbench.config import load_train_config
 from aggbench.config_errors import ConfigError
 from aggbench.grid import GridError, load_experiment
 from aggbench.registry import RegistryError, load_plugins
+from helpers.cli_support import clean_error as _clean
+from helpers.cli_support import cli as _cli
+from helpers.trainer_support import bare_cell
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "configs" / "smoke.yaml"
 
 
-def _cli(args: list[str]):
-    from aggbench.cli import main
-
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def _clean(result, *needles: str) -> str:
-    """A clean click error: non-zero exit, no exception escaped, every needle in the message."""
-    assert result.exit_code != 0, result.output
-    assert isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output
-    for needle in needles:
-        assert needle in result.output, result.output
-    return result.output
-
-
-def _cell(tmp_path: Path, **top) -> Path:
-    """A valid cell config; model and data paths need not exist (config errors come first)."""
-    cfg = {
-        "model": {"name": "tiny", "path": str(tmp_path / "model")},
-        "dataset": {"name": "tiny", "path": str(tmp_path / "data.jsonl"), "grader": "tiny"},
-        "threads": 1,
-        "algorithm": {"total_steps": 4, "prompts_per_step": 4, "group_size": 4},
-        "tracking": {"enabled": False},
-        **top,
-    }
-    path = tmp_path / "cell.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 def _train(tmp_path: Path, *sets: str, cell: Path | None = None):
-    args = ["train", "--config", cell or _cell(tmp_path), "--out", tmp_path / "run", "--quiet"]
+    args = ["train", "--config", cell or bare_cell(tmp_path), "--out", tmp_path / "run", "--quiet"]
     for s in sets:
         args += ["--set", s]
     return _cli(args)
@@ -83,19 +54,11 @@ def test_set_through_a_non_section_is_named(tmp_path):
     out = _clean(_train(tmp_path, "algorithm.lr.x=1"), "--set algorithm.lr.x=1: algorithm.lr is a number")
     assert "not a section" in out
     with pytest.raises(ConfigError, match="algorithm.betas is a list, not a section"):
-        load_train_config(_cell(tmp_path), {"algorithm.betas.0": 0.5})
+        load_train_config(bare_cell(tmp_path), {"algorithm.betas.0": 0.5})
 
 
 def test_set_with_invalid_yaml_value_is_named(tmp_path):
     _clean(_train(tmp_path, "algorithm.lr=[1"), "algorithm.lr=[1: value is not valid YAML", "--set")
-
-
-def test_grid_config_given_to_train_points_to_grid_cell(tmp_path):
-    with pytest.raises(ConfigError) as err:
-        load_train_config(SMOKE)
-    msg = str(err.value)
-    assert "experiment (grid) config" in msg and "aggbench grid cell --config" in msg
-    assert "unknown key" not in msg
 
 
 # ---------------------------------------------------------------- D6: devices and engines
@@ -169,27 +132,6 @@ def test_prepare_data_errors_are_clean(tmp_path):
     blocker.write_text("")
     _clean(_cli(["prepare-data", "tiny", "--out", blocker / "x.jsonl", "--limit", "2"]), "cannot write --out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.yaml", "file", "spec.yaml"]
-
-
-# ---------------------------------------------------------------- D8, D13: prepare-model NAME
-
-
-def test_prepare_model_refuses_a_name_that_is_nothing(tmp_path):
-    out = tmp_path / "m"
-    _clean(
-        _cli(["prepare-model", "./no_such_dir_here", "--out", out]),
-        "NAME './no_such_dir_here' is not 'tiny', not an existing directory, and not a valid hub id",
-    )
-    assert not out.exists()
-
-
-def test_prepare_model_refuses_a_local_directory_without_config_json(tmp_path):
-    src = tmp_path / "notamodel"
-    src.mkdir()
-    (src / "readme").write_text("x")
-    out = tmp_path / "m"
-    _clean(_cli(["prepare-model", src, "--out", out]), "not a model directory (no config.json)")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notamodel"]  # no marker, no temporary dir
 
 
 # ---------------------------------------------------------------- D9: plugins failing on import
@@ -301,72 +243,3 @@ def test_any_slurm_key_passes_and_a_per_model_rule_typo_is_refused(tmp_path, mon
 
     with pytest.raises(GridError, match=r"resources: unknown key\(s\) 'trian'"):
         load_experiment(_smoke(tmp_path, rule_typo))
-
-
-def test_eval_steps_beyond_the_run_are_refused(tmp_path):
-    cell = _cell(tmp_path)
-    with pytest.raises(ConfigError) as err:
-        load_train_config(cell, {"checkpoint.eval_steps": [2, 99]})
-    msg = str(err.value)
-    assert "checkpoint.eval_steps: 99 not in the run's steps 1..4 (algorithm.total_steps)" in msg
-    assert "(top level)" not in msg and "Value error" not in msg
-    with pytest.raises(ConfigError, match="checkpoint.eval_steps: 0 not in"):
-        load_train_config(cell, {"checkpoint.eval_steps": [0]})
-    assert load_train_config(cell, {"checkpoint.eval_steps": [2, 4]}).checkpoint.eval_steps == [2, 4]
-
-
-@pytest.mark.parametrize("value", [1.0, 1.5, -0.1])
-def test_clip_low_outside_0_1_is_refused(tmp_path, value):
-    with pytest.raises(ConfigError, match="algorithm.clip_low"):
-        load_train_config(_cell(tmp_path), {"algorithm.clip_low": value})
-
-
-def test_clip_low_inside_0_1_is_accepted(tmp_path):
-    for value in (0.0, 0.2, 0.99):
-        assert load_train_config(_cell(tmp_path), {"algorithm.clip_low": value}).algorithm.clip_low == value
-
-
-# ---------------------------------------------------------------- D15: the stored resolved config
-
-
-def test_dump_config_is_atomic(tmp_path, monkeypatch):
-    cfg = load_train_config(_cell(tmp_path))
-    target = tmp_path / "config.resolved.yaml"
-    target.write_text("old: content\n")
-
-    def crash(*args, **kwargs):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(os, "replace", crash)  # the write fails before the file is complete
-    with pytest.raises(OSError):
-        dump_config(cfg, target)
-    assert target.read_text() == "old: content\n"
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".config")] == []
-    monkeypatch.undo()
-    dump_config(cfg, target)
-    assert yaml.safe_load(target.read_text())["model"]["name"] == "tiny"
-
-
-@pytest.mark.parametrize(
-    ("text", "cause"),
-    [
-        ("algorithm: {lr: [0.1\n", "not valid YAML"),
-        ("- 1\n", "not a mapping"),
-        (b"\xff\xfe", "UnicodeDecodeError"),
-    ],
-)
-def test_unreadable_stored_config_is_a_config_error(tmp_path, text, cause):
-    cfg = load_train_config(_cell(tmp_path))
-    run = tmp_path / "run"
-    run.mkdir()
-    stored = run / "config.resolved.yaml"
-    if isinstance(text, bytes):
-        stored.write_bytes(text)
-    else:
-        stored.write_text(text)
-    with pytest.raises(ConfigError) as err:
-        check_resume(run, cfg)
-    msg = str(err.value)
-    assert f"{stored} is unreadable ({cause}" in msg
-    assert "--allow-config-change" in msg and "delete that file" in msg and "new --out" in msg
-    check_resume(run, cfg, allow_change=True)

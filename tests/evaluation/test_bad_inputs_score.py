@@ -11,11 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from aggbench.cli import main
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
+from helpers.jsonl import write_jsonl
 
 
 @pytest.fixture

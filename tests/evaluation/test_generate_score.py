@@ -13,21 +13,13 @@ import pytest
 from click.testing import CliRunner
 
 from aggbench.cli import main
+from helpers.jsonl import read_jsonl, write_jsonl
 
 
 @pytest.fixture
 def data_env(monkeypatch, shared_data):
     monkeypatch.setenv("AGGBENCH_DATA_DIR", str(shared_data))
     return shared_data
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 GEN_ARGS = ["--benchmarks", "tiny_test,math500", "--limit", "3", "--n", "2", "--max-tokens", "8"]

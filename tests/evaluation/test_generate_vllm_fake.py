@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from aggbench.cli import main
 from helpers.fake_vllm import install
+from helpers.jsonl import read_jsonl
 
 
 class FakeLLM:
@@ -45,10 +46,6 @@ class FakeLLM:
                 )
             results.append(types.SimpleNamespace(outputs=outputs))
         return results
-
-
-def read_jsonl(path):
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture

@@ -11,15 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from aggbench.cli import main
+from helpers.jsonl import write_jsonl
 
 TEST = {"input": "1\n", "output": "1\n", "testtype": "stdin"}
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text(
-        "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8"
-    )
-    return path
 
 
 def grade(task: str, src: Path, out: Path):

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from aggbench.cli import main
+from helpers.jsonl import read_jsonl, write_jsonl
 
 MATH_LINES = [
     {"id": "a", "response": "so the answer is \\boxed{025}", "answer": "25"},
@@ -21,17 +22,6 @@ MATH_LINES = [
     {"id": "e", "response": "\\boxed{166 cm^2}", "answer": "166", "unit": "$cm^2$"},
     {"id": "f", "response": "\\boxed{7}", "answer": "8"},
 ]
-
-
-def write_jsonl(path: Path, rows: list) -> Path:
-    path.write_text(
-        "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8"
-    )
-    return path
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def test_math_lines_are_graded_in_order_and_keep_their_fields(tmp_path):

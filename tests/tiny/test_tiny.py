@@ -1,16 +1,12 @@
-"""The built-in tiny model, its tokenizer, the synthetic task and `aggbench prepare-model`."""
+"""The built-in tiny model, its tokenizer and the synthetic task (`aggbench prepare-model`, which
+builds it: tests/cli/test_prepare_model.py)."""
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from aggbench.tiny.task import (
     BOX,
@@ -307,114 +303,3 @@ def test_sft_loss_is_on_assistant_tokens_only(untrained):
         assert tok.decode(supervised, skip_special_tokens=False) == target + EOS
         assert (labels[row, :prompt_len] == -100).all()
         assert attention_mask[row].sum().item() == prompt_len + len(supervised)
-
-
-# --- prepare-model ---------------------------------------------------------------------------
-
-
-def _cli(args: list[str]):
-    from aggbench.cli import main
-
-    return CliRunner().invoke(main, ["prepare-model", *args], catch_exceptions=False)
-
-
-def test_prepare_model_tiny_end_to_end(tmp_path):
-    out = tmp_path / "models" / "tiny"
-    args = ["tiny", "--out", str(out), "--sft-steps", "5", "--probe-prompts", "2", "--seed", "3"]
-    result = _cli([*args, "--quiet"])
-    assert result.exit_code == 0, result.output
-    model, tok = _load(out)
-    assert tok.decode(tok.encode("1) a>b", add_special_tokens=False)) == "1) a>b"
-    marker = json.loads((out / "aggbench_model.json").read_text())
-    assert marker["name"] == "tiny" and marker["seed"] == 3 and marker["sft_steps"] == 5
-    assert marker["probe"]["n_responses"] == 16
-    assert 0.0 <= marker["sampled_accuracy"] <= 1.0
-    assert [p.name for p in out.parent.iterdir()] == ["tiny"]  # no temporary directory left
-
-    # the same request again: nothing to do
-    mtime = (out / "aggbench_model.json").stat().st_mtime_ns
-    again = _cli(args)
-    assert again.exit_code == 0 and "already prepared" in again.output
-    assert (out / "aggbench_model.json").stat().st_mtime_ns == mtime
-
-    # a different request into the same directory: refused, with the way out
-    other = _cli(["tiny", "--out", str(out), "--sft-steps", "5", "--seed", "4", "--quiet"])
-    assert other.exit_code != 0
-    assert "seed: 3 -> 4" in other.output and "--force" in other.output
-
-
-def test_prepare_model_refuses_a_foreign_directory(tmp_path):
-    out = tmp_path / "m"
-    out.mkdir()
-    (out / "config.json").write_text("{}")
-    result = _cli(["tiny", "--out", str(out), "--sft-steps", "0", "--probe-prompts", "0", "--quiet"])
-    assert result.exit_code != 0 and "aggbench_model.json" in result.output and "--force" in result.output
-    forced = _cli(
-        ["tiny", "--out", str(out), "--sft-steps", "0", "--probe-prompts", "0", "--quiet", "--force"]
-    )
-    assert forced.exit_code == 0, forced.output
-    assert (out / "aggbench_model.json").is_file() and (out / "tokenizer.json").is_file()
-
-
-def test_prepare_model_hub_download_is_atomic(tmp_path, monkeypatch):
-    import huggingface_hub
-
-    calls = []
-
-    def fake_download(repo_id, revision, local_dir):
-        calls.append((repo_id, revision, Path(local_dir)))
-        Path(local_dir).mkdir(parents=True, exist_ok=True)
-        (Path(local_dir) / "config.json").write_text("{}")
-        assert not (tmp_path / "qwen").exists()  # nothing at the final path while downloading
-
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
-    result = _cli(["Org/Model-1B", "--revision", "abc123", "--out", str(tmp_path / "qwen"), "--quiet"])
-    assert result.exit_code == 0, result.output
-    assert calls[0][:2] == ("Org/Model-1B", "abc123")
-    assert calls[0][2].name.startswith("qwen.tmp-")
-    marker = json.loads((tmp_path / "qwen" / "aggbench_model.json").read_text())
-    assert marker["name"] == "Org/Model-1B" and marker["revision"] == "abc123"
-
-    def broken_download(repo_id, revision, local_dir):
-        Path(local_dir).mkdir(parents=True, exist_ok=True)
-        (Path(local_dir) / "half.safetensors").write_text("x")
-        raise ConnectionError("connection reset")
-
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", broken_download)
-    result = _cli(["Org/Other", "--out", str(tmp_path / "other"), "--quiet"])
-    assert result.exit_code != 0 and "unreachable" in result.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["qwen"]  # the half download is gone
-
-
-def test_prepare_model_offline_hub_error_is_actionable(tmp_path):
-    # the real huggingface_hub code path, offline: no network is attempted
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "aggbench.cli",
-            "prepare-model",
-            "Org/Some-Model",
-            "--out",
-            str(tmp_path / "m"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert proc.returncode != 0
-    assert "hub is unreachable" in proc.stderr and "hf download Org/Some-Model" in proc.stderr
-    assert "aggbench prepare-model SOME_DIR" in proc.stderr
-    assert not (tmp_path / "m").exists()
-
-
-def test_prepare_model_copies_a_local_directory(tmp_path, untrained):
-    result = _cli([str(untrained), "--out", str(tmp_path / "copy"), "--quiet"])
-    assert result.exit_code == 0, result.output
-    model, _ = _load(tmp_path / "copy")
-    assert json.loads((tmp_path / "copy" / "aggbench_model.json").read_text())["source"] == str(
-        untrained.resolve()
-    )
-    assert model.config.hidden_size == 256

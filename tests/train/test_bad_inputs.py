@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from aggbench.config import load_train_config
 from aggbench.data.jsonl import DataError
 from aggbench.modeldir import ModelDirError
 from aggbench.registry import RegistryError
 from aggbench.train.loop import train
-from helpers.trainer_support import write_cell
+from helpers.trainer_support import cell_config, write_cell
 
 GOOD = '{"id": "a", "prompt": "p", "answer": "1"}\n'
 
@@ -34,8 +33,8 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 def _cfg(tmp_path: Path, model: Path, data: Path, **overrides):
-    cell = write_cell(tmp_path / "cell.yaml", model, data, steps=2, every=1)
-    return load_train_config(cell, {"tracking.enabled": False, **overrides})
+    over = {"tracking.enabled": False, **overrides}
+    return cell_config(tmp_path / "cell.yaml", model, data, steps=2, every=1, overrides=over)
 
 
 def _cli(cell: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:

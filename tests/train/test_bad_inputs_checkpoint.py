@@ -20,7 +20,7 @@ from aggbench.layout import COMPLETE, checkpoint_dir
 from aggbench.train import parallel
 from aggbench.train.checkpoint import SHARDED_DIR, STATE_FILE, CheckpointError, check_readable, reading
 from aggbench.train.loop import train
-from helpers.trainer_support import write_cell
+from helpers.trainer_support import train_config, write_cell
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def trained(tmp_path_factory, tiny_train_data) -> tuple[Path, Path]:
 
 
 def _cfg(cell: Path):
-    return load_train_config(cell, {"tracking.enabled": False})
+    return train_config(cell, {"tracking.enabled": False})
 
 
 def _damage(path: Path, how: str) -> None:

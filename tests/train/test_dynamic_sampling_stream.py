@@ -11,6 +11,7 @@ from aggbench.tiny.model import build_tiny_model
 from aggbench.train.batching import PromptStream, prompt_indices
 from aggbench.train.sampling import Sampler, sample
 from helpers.sampling_fakes import CountingEngine, Ordered
+from helpers.trainer_support import train_config
 
 
 class Grader:
@@ -36,7 +37,7 @@ def _records(kinds: list[str]) -> list[dict]:
 
 
 def _cfg(tmp_path, **algorithm) -> TrainConfig:
-    return TrainConfig.model_validate(
+    return train_config(
         {
             "model": {"name": "tiny", "path": str(tmp_path / "m")},
             "dataset": {"name": "tiny", "path": str(tmp_path / "d.jsonl")},

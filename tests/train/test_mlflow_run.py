@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from aggbench.config import PARAM_VALUE_LIMIT, TrainConfig, flat_config, load_train_config, resume_mutable
+from aggbench.config import TrainConfig, flat_config, load_train_config, resume_mutable
 from aggbench.config_errors import ConfigError
 from aggbench.train import loop
 from helpers import report_fixtures as rf
 from helpers.tiny_models import tiny_model_for_tests
-from helpers.trainer_support import metrics_rows, write_cell
+from helpers.trainer_support import metrics_rows, train_config, write_cell
 
 
 @pytest.fixture
@@ -43,13 +43,7 @@ def _cfg(uri: str, **over) -> TrainConfig:
         "aggregation": {"name": "balanced_batch", "rule": "balanced", "params": {"scope": "batch"}},
         "tracking": {"tracking_uri": uri, "experiment": "params"},
     }
-    for dotted, value in over.items():
-        *parents, leaf = dotted.split(".")
-        node = data
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return TrainConfig.model_validate(data)
+    return train_config(data, over)
 
 
 def _run(uri: str, experiment: str, cell: str):
@@ -60,19 +54,6 @@ def _run(uri: str, experiment: str, cell: str):
 
 
 # --------------------------------------------------------------------------- params
-
-
-def test_flat_config_names_values_and_limit():
-    cfg = _cfg(None, **{"algorithm.lr": 3e-4, "model.system_prompt": "x" * (PARAM_VALUE_LIMIT + 50)})
-    flat = flat_config(cfg)
-    assert flat["aggregation"] == "balanced_batch" and "aggregation.name" not in flat
-    assert flat["aggregation.rule"] == "balanced" and flat["aggregation.params.scope"] == "batch"
-    assert flat["algorithm.lr"] == "0.0003" and flat["sampling.temperature"] == "1.0"
-    assert flat["algorithm.betas"] == "[0.9, 0.999]" and flat["model.stop_tokens"] == "[]"
-    assert flat["algorithm.dual_clip"] == "null" and flat["algorithm.dynamic_sampling"] == "false"
-    assert flat["algorithm.overlong.buffer"] == "0" and flat["dataset.prompt_template"] == "{prompt}"
-    assert flat["model.system_prompt"] == "x" * PARAM_VALUE_LIMIT
-    assert all(isinstance(v, str) for v in flat.values()) and list(flat) == sorted(flat)
 
 
 def test_cell_params_are_the_config_without_what_a_resume_may_change(uri, tmp_path):

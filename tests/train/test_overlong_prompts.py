@@ -18,7 +18,7 @@ from aggbench.data.jsonl import DataError
 from aggbench.prompts import prompt_ids
 from aggbench.train.loop import train
 from aggbench.train.prompt_fit import fit_prompts
-from helpers.trainer_support import metrics_rows, stable, write_cell
+from helpers.trainer_support import cell_config, metrics_rows, stable, write_cell
 
 LIMIT = 24
 LONG = "7" * 200  # 200 characters: far over LIMIT with the tiny model's character tokenizer
@@ -39,10 +39,8 @@ def tokenizer(tiny_model):
 
 
 def _cfg(tmp_path: Path, model: Path, data: Path, *, steps: int = 2, **overrides):
-    cell = write_cell(tmp_path / "cell.yaml", model, data, steps=steps, every=1)
-    return load_train_config(
-        cell, {"tracking.enabled": False, "sampling.max_prompt_tokens": LIMIT, **overrides}
-    )
+    over = {"tracking.enabled": False, "sampling.max_prompt_tokens": LIMIT, **overrides}
+    return cell_config(tmp_path / "cell.yaml", model, data, steps=steps, every=1, overrides=over)
 
 
 def _data(path: Path, prompts: dict[str, str]) -> Path:

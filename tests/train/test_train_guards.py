@@ -1,7 +1,7 @@
-"""A run directory is one experiment: resuming it with a config that changes training is refused,
-naming each changed field (location, logging, checkpoint, length and memory-knob changes are
-allowed); a bad
-training data file is refused by file, line and field before a model loads."""
+"""A run directory is one experiment: `aggbench train` refuses to resume it with a config that
+changes training, naming the changed field, and continues when told; a resume under another
+version of the run's rule is refused naming both; a bad training data file is refused by file, line
+and field before a model loads. (Which changes a resume refuses: tests/test_config.py.)"""
 
 from __future__ import annotations
 
@@ -12,63 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aggbench.config import TrainConfig, check_resume, dump_config, load_train_config
+from aggbench.config import load_train_config
 from aggbench.config_errors import ConfigError
 from helpers.trainer_support import metrics_rows, write_cell
-
-
-def _cfg(tmp_path: Path, name: str = "cell.yaml", **algorithm):
-    cell = write_cell(tmp_path / name, tmp_path / "model", tmp_path / "data.jsonl", **algorithm)
-    return load_train_config(cell)
-
-
-def test_unchanged_and_mutable_changes_resume(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    cfg = _cfg(tmp_path)
-    dump_config(cfg, run / "config.resolved.yaml")
-    check_resume(run, cfg)  # identical
-    moved = cfg.model_copy(deep=True)
-    moved.model.path = "/elsewhere/model"
-    moved.tracking.tracking_uri = "http://mlflow:5000"
-    moved.algorithm.total_steps = 40
-    moved.checkpoint.every = 7
-    moved.threads = 4
-    check_resume(run, moved)
-    # the memory knobs a resume after an out-of-memory crash turns
-    smaller = cfg.model_copy(deep=True)
-    smaller.algorithm.micro_batch_size = 1
-    smaller.distributed.activation_checkpointing = not cfg.distributed.activation_checkpointing
-    smaller.rollout.gpu_memory_utilization = 0.3
-    assert (smaller.algorithm.micro_batch_size, smaller.rollout.gpu_memory_utilization) != (
-        cfg.algorithm.micro_batch_size,
-        cfg.rollout.gpu_memory_utilization,
-    )
-    check_resume(run, smaller)
-
-
-def test_changed_training_fields_are_refused_by_name(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    cfg = _cfg(tmp_path)
-    dump_config(cfg, run / "config.resolved.yaml")
-    changed = cfg.model_copy(deep=True)
-    changed.algorithm.lr = 1e-3
-    changed.aggregation.name = "token"
-    with pytest.raises(ConfigError) as err:
-        check_resume(run, changed)
-    msg = str(err.value)
-    assert "algorithm.lr: 0.0003 -> 0.001" in msg
-    assert "aggregation.name: 'balanced' -> 'token'" in msg
-    assert "--allow-config-change" in msg and "new --out" in msg
-    changed_lines, advice = msg.split("\nFix: ")
-    assert "total_steps" not in changed_lines
-    assert "algorithm.micro_batch_size" in advice.split("These may change on a resume: ")[1]
-    check_resume(run, changed, allow_change=True)  # deliberate continuation
-
-
-def test_a_run_without_stored_config_has_nothing_to_guard(tmp_path):
-    check_resume(tmp_path, _cfg(tmp_path, lr=5.0))
 
 
 def _train(cell: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -90,47 +36,6 @@ def test_cli_refuses_a_changed_resume_and_continues_when_told(tmp_path, tiny_sft
     ok = _train(cell, out, "--set", "algorithm.lr=0.01", "--allow-config-change")
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert [r["step"] for r in metrics_rows(out)] == [1, 2]
-
-
-def test_fields_added_since_the_run_started_count_at_their_defaults(tmp_path):
-    """A run stored before a config field existed resumes when the field is at its default."""
-    run = tmp_path / "run"
-    run.mkdir()
-    cfg = _cfg(tmp_path)
-    stored = cfg.model_dump(mode="json")
-    stored.pop("distributed")
-    stored["rollout"].pop("seeding")
-    (run / "config.resolved.yaml").write_text(yaml.safe_dump(stored))
-    check_resume(run, cfg)
-    changed = cfg.model_copy(deep=True)
-    changed.rollout.seeding = "prompt"
-    with pytest.raises(ConfigError, match="rollout.seeding"):
-        check_resume(run, changed)
-
-
-@pytest.mark.parametrize(("old", "new"), [(True, "prompt"), (False, "call")])
-def test_a_run_stored_with_the_old_seed_key_resumes_under_its_translation(tmp_path, old, new):
-    """rollout.seed_per_prompt (0.1.0) became rollout.seeding: a stored run keeps its meaning."""
-    run = tmp_path / "run"
-    run.mkdir()
-    cfg = _cfg(tmp_path)
-    stored = cfg.model_dump(mode="json")
-    stored["rollout"].pop("seeding")
-    stored["rollout"]["seed_per_prompt"] = old
-    (run / "config.resolved.yaml").write_text(yaml.safe_dump(stored))
-    cfg.rollout.seeding = new
-    check_resume(run, cfg)
-    cfg.rollout.seeding = "call" if new == "prompt" else "prompt"
-    with pytest.raises(ConfigError, match="rollout.seeding"):
-        check_resume(run, cfg)
-
-
-def test_old_seed_key_that_contradicts_the_new_one_is_refused(tmp_path):
-    data = _cfg(tmp_path).model_dump(mode="json")
-    data["rollout"].pop("seeding")
-    data["rollout"].update(seed_per_prompt=True, seeding="engine")
-    with pytest.raises(ValueError, match="drop rollout.seed_per_prompt"):
-        TrainConfig.model_validate(data)
 
 
 def test_cli_names_the_bad_line_of_the_training_data_before_loading_a_model(tmp_path):

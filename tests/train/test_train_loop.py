@@ -71,17 +71,3 @@ def test_same_seed_same_metrics_and_segments_equal_one_run(tmp_path, tiny_sft_mo
     wa = load_file(str(tmp_path / "a" / "checkpoints" / "step_4" / "model.safetensors"))
     wb = load_file(str(tmp_path / "b" / "checkpoints" / "step_4" / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-
-
-def test_config_errors_name_the_field(tmp_path, tiny_sft_model, tiny_train_data):
-    from aggbench.config_errors import ConfigError
-
-    cell = write_cell(tmp_path / "cell.yaml", tiny_sft_model, tiny_train_data)
-    text = cell.read_text().replace("micro_batch_size", "micro_batch_sise")
-    cell.write_text(text)
-    with pytest.raises(
-        ConfigError, match=r"algorithm.micro_batch_sise: unknown key; allowed keys here: .*micro_batch_size"
-    ):
-        load_train_config(cell)
-    with pytest.raises(ConfigError, match=r"algorithm.total_steps"):
-        load_train_config(write_cell(tmp_path / "c2.yaml", tiny_sft_model, tiny_train_data, steps=0))

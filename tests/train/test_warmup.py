@@ -12,18 +12,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from aggbench.config import load_train_config
 from aggbench.train.loop import train
-from helpers.trainer_support import metrics_rows, write_cell
+from helpers.trainer_support import cell_config, metrics_rows
 
 LR = 1e-3
 
 
 def _cfg(tmp_path, model, data):
-    cell = write_cell(
-        tmp_path / "cell.yaml", model, data, steps=3, every=1, mini_batches=2, warmup_steps=2, lr=LR
+    cell = {"steps": 3, "every": 1, "mini_batches": 2, "warmup_steps": 2, "lr": LR}
+    return cell_config(
+        tmp_path / "cell.yaml", model, data, overrides={"tracking.enabled": False, "device": "cpu"}, **cell
     )
-    return load_train_config(cell, {"tracking.enabled": False, "device": "cpu"})
 
 
 def test_warmup_is_per_rollout_step_from_lr_zero_and_survives_a_resume(

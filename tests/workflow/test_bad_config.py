@@ -1,9 +1,16 @@
-"""A bad config stops `snakemake` before any job, naming the key and what is allowed there."""
+"""A bad config stops `snakemake` before any job, naming the key and what is allowed there.
+
+The Snakefile's check is ``aggbench.grid.validate_experiment`` on the config Snakemake read, so its
+messages (a misspelled key, an unknown rule or benchmark, a negative step count, a missing model
+directory) are checked on the validator directly; Snakemake runs only for what it alone reports (a
+config file that is not YAML, or not a mapping) and to show a bad config stops a real run first."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
+
+from aggbench.grid import GridError, validate_experiment
 
 # (case, change to the smoke config, strings the error must contain: the key, and allowed values)
 CASES = [
@@ -46,26 +53,49 @@ CASES = [
 
 
 @pytest.mark.parametrize(("case", "change", "expected"), CASES, ids=[c[0] for c in CASES])
-def test_bad_config_stops_the_dry_run_with_a_message_naming_key_and_allowed_values(
-    wf, tmp_path, case, change, expected
+def test_bad_config_is_refused_with_a_message_naming_key_and_allowed_values(
+    wf, tmp_path, monkeypatch, case, change, expected
 ):
+    monkeypatch.chdir(wf.REPO)  # where Snakemake runs the Snakefile (plugins are looked up there)
     cfg = yaml.safe_load(wf.SMOKE.read_text())
     change(cfg)
+    cfg["results_dir"] = str(tmp_path / "results")  # as the dry run's --config results_dir=...
+    with pytest.raises(GridError) as err:
+        validate_experiment(cfg)
+    out = str(err.value)
+    for s in expected:
+        assert s in out, f"{case}: {s!r} not in the error message:\n{out[-3000:]}"
+
+
+# (case, config file text, what Snakemake says): it reads the file before the Snakefile's check runs
+UNREADABLE = [
+    (
+        "not YAML",
+        "experiment: x\nseeds: [0\nbenchmarks: [tiny_test]\n",
+        "Config file is not valid JSON or YAML",
+    ),
+    ("not a mapping", "- 1\n", "Config file must be given as JSON or YAML with keys at top level"),
+]
+
+
+@pytest.mark.parametrize(("case", "text", "expected"), UNREADABLE, ids=[c[0] for c in UNREADABLE])
+def test_unreadable_config_file_stops_the_dry_run_before_any_job(wf, tmp_path, case, text, expected):
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path.write_text(text)
     proc = wf.run(
         ["-n", "--configfile", str(path), "--config", f"results_dir={tmp_path / 'results'}"], check=False
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, f"{case}: snakemake accepted the config\n{out[-2000:]}"
-    for s in expected:
-        assert s in out, f"{case}: {s!r} not in the error message:\n{out[-3000:]}"
+    assert expected in out, f"{case}: {expected!r} not in the error message:\n{out[-3000:]}"
+    assert "Traceback" not in out, out[-3000:]
     # stopped while reading the config: no job was even planned
     assert "Job stats" not in out and "Building DAG of jobs" not in out, out[-2000:]
 
 
 def test_bad_config_starts_no_job_in_a_real_run(wf, tmp_path):
-    """Not only a dry run: a real run with a bad key writes nothing at all."""
+    """The Snakefile's check through Snakemake itself: a real run with a bad key prints the
+    validator's message, plans no job and writes nothing at all."""
     cfg = yaml.safe_load(wf.SMOKE.read_text())
     cfg["aggregations"][0]["rule"] = "no_such_rule"
     path = tmp_path / "bad.yaml"
@@ -85,6 +115,9 @@ def test_bad_config_starts_no_job_in_a_real_run(wf, tmp_path):
         cwd=tmp_path,
         check=False,
     )
+    out = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    assert "no_such_rule" in proc.stdout + proc.stderr
+    assert "no_such_rule" in out
     assert not results.exists(), sorted(p.name for p in results.rglob("*"))
+    # the Snakefile's check stopped it while reading the config: no job was even planned
+    assert "Job stats" not in out and "Building DAG of jobs" not in out, out[-2000:]
