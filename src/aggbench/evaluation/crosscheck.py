@@ -29,7 +29,11 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aggbench.evaluation.options import GenerateOptions
+    from aggbench.grading.pool import GradingPool
 
 log = logging.getLogger(__name__)
 
@@ -269,21 +273,11 @@ def crosscheck(
     """Run the cross-check; writes ``out_dir/crosscheck.json`` (and lm-eval's tasks and samples)."""
     from transformers import AutoTokenizer
 
-    from aggbench.data.benchmarks import load_benchmark, load_benchmark_spec
+    import aggbench.grading.math  # noqa: F401  sympy and math-verify load before lm-eval runs, untimed
     from aggbench.devices import check_device
-    from aggbench.evaluation.generate import (
-        format_prompts,
-        greedy_generate,
-        load_model,
-        prompt_settings,
-        require_checkpoint,
-        resolve_device,
-        resolve_dtype,
-    )
+    from aggbench.evaluation.generate import load_model, require_checkpoint, resolve_device, resolve_dtype
     from aggbench.evaluation.options import GenerateOptions
-    from aggbench.evaluation.score import EvaluationError, write_json
-    from aggbench.files import write_atomic
-    from aggbench.grading.math import grade_math_batch, grading_options
+    from aggbench.evaluation.score import write_json
     from aggbench.grading.pool import GradingPool
     from aggbench.modeldir import loading
 
@@ -296,18 +290,9 @@ def crosscheck(
     )
     with loading(checkpoint, what="checkpoint"):
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    items: dict[str, dict[str, Any]] = {}
-    for name in benchmarks:
-        spec = load_benchmark_spec(name)
-        if spec.grader.name != "math":
-            raise EvaluationError(
-                f"crosscheck covers math benchmarks; {spec.name} uses grader {spec.grader.name!r}"
-            )
-        records = load_benchmark(spec, data_dir=data_dir, limit=limit)
-        texts, ids = format_prompts(spec, records, tokenizer, prompt_settings(spec, options))
-        max_new = max_tokens or spec.sampling.max_tokens
-        task = write_task(out_dir / "lmeval_tasks", spec.name, records, texts, max_new)
-        items[spec.name] = {"records": records, "texts": texts, "ids": ids, "max_new": max_new, "task": task}
+    items = _write_tasks(
+        benchmarks, tokenizer, options, out_dir, data_dir=data_dir, limit=limit, max_tokens=max_tokens
+    )
     model_dir, note = lmeval_model_dir(checkpoint, out_dir)
     t0 = time.perf_counter()
     results = run_lmeval(
@@ -336,43 +321,95 @@ def crosscheck(
     with GradingPool(workers=workers) as pool:
         for name, it in items.items():
             samples = results["samples"][it["task"]]
-            write_atomic(
-                out_dir / f"lmeval_samples_{name}.jsonl",
-                "".join(json.dumps(s, default=str, ensure_ascii=False) + "\n" for s in samples),
+            report["benchmarks"][name] = _compare_benchmark(
+                name, it, samples, model, tokenizer, pool, out_dir=out_dir, batch_size=batch_size
             )
-            roll = greedy_generate(
-                model, tokenizer, it["ids"], max_new_tokens=it["max_new"], batch_size=batch_size
-            )
-            records = it["records"]
-            by_id = {str(s["doc"]["id"]): s for s in samples}
-            theirs = [_response(by_id[str(r["id"])]) if str(r["id"]) in by_id else "" for r in records]
-            golds = [
-                [str(a) for a in r["answer"]] if isinstance(r["answer"], list) else str(r["answer"])
-                for r in records
-            ]
-            opts = [grading_options(r.get("grading")) for r in records]
-            kw = {
-                "pool": pool,
-                "tolerances": [o.get("tolerance") for o in opts],
-                "units": [o.get("unit") for o in opts],
-            }
-            ours_v = [v.to_dict() for v in grade_math_batch(roll.texts, golds, **kw)]
-            theirs_v = [v.to_dict() for v in grade_math_batch(theirs, golds, **kw)]
-            cmp = compare(records, it["texts"], roll.texts, ours_v, samples, theirs_v)
-            cmp["max_gen_toks"] = it["max_new"]
-            # lm-eval cuts such prompts from the left (to its max length - max_gen_toks); we do not
-            limit_len = getattr(model.config, "max_position_embeddings", None)
-            cmp["context_overflow"] = [
-                str(r["id"])
-                for r, p in zip(records, it["ids"], strict=True)
-                if limit_len and len(p) + it["max_new"] > limit_len
-            ]
-            cmp["finished"] = sum(roll.finished)
-            report["benchmarks"][name] = cmp
     report["ours_s"] = round(time.perf_counter() - t1, 2)
     report["ok"] = all(b["identical_generations"] == b["n_items"] for b in report["benchmarks"].values())
     write_json(out_dir / "crosscheck.json", report)
     return report
+
+
+def _write_tasks(
+    benchmarks: Sequence[str],
+    tokenizer: Any,
+    options: GenerateOptions,
+    out_dir: Path,
+    *,
+    data_dir: str | None,
+    limit: int | None,
+    max_tokens: int | None,
+) -> dict[str, dict[str, Any]]:
+    """Per math benchmark (by spec name): our records, their prompts as ``aggbench generate`` formats
+    them (texts and token ids), the response budget and the lm-eval task written for them under
+    ``out_dir/lmeval_tasks``. A benchmark another grader scores is refused."""
+    from aggbench.data.benchmarks import load_benchmark, load_benchmark_spec
+    from aggbench.evaluation.generate import format_prompts, prompt_settings
+    from aggbench.evaluation.score import EvaluationError
+
+    items: dict[str, dict[str, Any]] = {}
+    for name in benchmarks:
+        spec = load_benchmark_spec(name)
+        if spec.grader.name != "math":
+            raise EvaluationError(
+                f"crosscheck covers math benchmarks; {spec.name} uses grader {spec.grader.name!r}"
+            )
+        records = load_benchmark(spec, data_dir=data_dir, limit=limit)
+        texts, ids = format_prompts(spec, records, tokenizer, prompt_settings(spec, options))
+        max_new = max_tokens or spec.sampling.max_tokens
+        task = write_task(out_dir / "lmeval_tasks", spec.name, records, texts, max_new)
+        items[spec.name] = {"records": records, "texts": texts, "ids": ids, "max_new": max_new, "task": task}
+    return items
+
+
+def _compare_benchmark(
+    name: str,
+    it: Mapping[str, Any],
+    samples: Sequence[Mapping],
+    model: Any,
+    tokenizer: Any,
+    pool: GradingPool,
+    *,
+    out_dir: Path,
+    batch_size: int,
+) -> dict[str, Any]:
+    """One benchmark's comparison: lm-eval's ``samples`` saved, our greedy generation of the same
+    prompts, our grader on both sides' generations, then :func:`compare` and the items whose prompt
+    and budget overflow the model's positions."""
+    from aggbench.evaluation.generate import greedy_generate
+    from aggbench.files import write_atomic
+    from aggbench.grading.math import grade_math_batch, grading_options
+
+    write_atomic(
+        out_dir / f"lmeval_samples_{name}.jsonl",
+        "".join(json.dumps(s, default=str, ensure_ascii=False) + "\n" for s in samples),
+    )
+    roll = greedy_generate(model, tokenizer, it["ids"], max_new_tokens=it["max_new"], batch_size=batch_size)
+    records = it["records"]
+    by_id = {str(s["doc"]["id"]): s for s in samples}
+    theirs = [_response(by_id[str(r["id"])]) if str(r["id"]) in by_id else "" for r in records]
+    golds = [
+        [str(a) for a in r["answer"]] if isinstance(r["answer"], list) else str(r["answer"]) for r in records
+    ]
+    opts = [grading_options(r.get("grading")) for r in records]
+    kw = {
+        "pool": pool,
+        "tolerances": [o.get("tolerance") for o in opts],
+        "units": [o.get("unit") for o in opts],
+    }
+    ours_v = [v.to_dict() for v in grade_math_batch(roll.texts, golds, **kw)]
+    theirs_v = [v.to_dict() for v in grade_math_batch(theirs, golds, **kw)]
+    cmp = compare(records, it["texts"], roll.texts, ours_v, samples, theirs_v)
+    cmp["max_gen_toks"] = it["max_new"]
+    # lm-eval cuts such prompts from the left (to its max length - max_gen_toks); we do not
+    limit_len = getattr(model.config, "max_position_embeddings", None)
+    cmp["context_overflow"] = [
+        str(r["id"])
+        for r, p in zip(records, it["ids"], strict=True)
+        if limit_len and len(p) + it["max_new"] > limit_len
+    ]
+    cmp["finished"] = sum(roll.finished)
+    return cmp
 
 
 def _versions() -> dict[str, str]:

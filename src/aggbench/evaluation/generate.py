@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -321,52 +321,19 @@ def sample_benchmark(
     )
     rows: list[dict[str, Any]] = []
     show = options.progress and sys.stderr.isatty()
-
-    def row(p: int, sample: int, response: str, length: int, finish: str) -> dict[str, Any]:
-        return {
-            "benchmark": spec.name,
-            "id": records[p]["id"],
-            "sample": sample,
-            "prompt": texts[p],
-            "response": response,
-            "length": length,
-            "finish_reason": finish,
-            # its budget was cut to the room the model's context left (aggbench.evaluation.context)
-            "context_capped": 0 < budgets[p] < sampling["max_tokens"],
-            **record_fields(spec, records[p]),
-        }
-
+    row = _row_maker(spec, records, texts, budgets, sampling["max_tokens"])
     with tqdm(total=len(ids), desc=f"generate {spec.name}", unit="prompt", disable=not show) as bar:
         for c, start in enumerate(range(0, len(ids), per_call)):
             span = range(start, min(start + per_call, len(ids)))
             fit = [p for p in span if budgets[p] > 0]
             roll = None
-            if fit and greedy and options.engine == "hf":
-                one = greedy_generate(
-                    model,
-                    tokenizer,
-                    [ids[p] for p in fit],
-                    max_new_tokens=[budgets[p] for p in fit],
-                    batch_size=options.batch_size,
+            if fit:
+                prompts, max_new = [ids[p] for p in fit], [budgets[p] for p in fit]
+                chunk_seed = seeds.eval_chunk(seed, c)
+                roll = _generate_chunk(
+                    engine, model, tokenizer, prompts, max_new, n, sampling, options, chunk_seed
                 )
-                roll = one.select([i for i in range(len(one)) for _ in range(n)])
-            elif fit:
-                roll = engine.generate(
-                    [ids[p] for p in fit],
-                    n=n,
-                    temperature=sampling["temperature"],
-                    top_p=sampling["top_p"],
-                    max_new_tokens=[budgets[p] for p in fit],
-                    seed=seeds.eval_chunk(seed, c),
-                )
-            done = {}
-            for i in range(len(roll) if roll is not None else 0):
-                p = fit[i // n]
-                finish = "stop" if roll.finished[i] else "length"
-                done[(p, i % n)] = row(p, i % n, roll.texts[i], len(roll.response_ids[i]), finish)
-            for p in span:
-                for j in range(n):
-                    rows.append(done.get((p, j)) or row(p, j, "", 0, PROMPT_TOO_LONG))
+            rows += _chunk_rows(span, fit, roll, n, row)
             bar.update(len(span))
     meta = {
         "n_samples": n,
@@ -379,6 +346,76 @@ def sample_benchmark(
         "context": context_summary(budgets, sampling["max_tokens"], context),
     }
     return rows, meta
+
+
+def _generate_chunk(
+    engine: Any,
+    model: Any,
+    tokenizer: Any,
+    prompts: list[list[int]],
+    max_new: list[int],
+    n: int,
+    sampling: Mapping[str, Any],
+    options: GenerateOptions,
+    seed: int,
+):
+    """``n`` responses per prompt, prompt by prompt (a :class:`~aggbench.rollout.base.Rollouts`).
+
+    prompts: token ids per prompt; max_new: each prompt's response budget. At temperature 0 the hf
+    engine decodes each prompt once, greedily, and the decode is copied to its ``n`` samples; else
+    the engine samples them with the chunk's ``seed``.
+    """
+    if sampling["temperature"] == 0 and options.engine == "hf":
+        one = greedy_generate(
+            model, tokenizer, prompts, max_new_tokens=max_new, batch_size=options.batch_size
+        )
+        return one.select([i for i in range(len(one)) for _ in range(n)])
+    return engine.generate(
+        prompts,
+        n=n,
+        temperature=sampling["temperature"],
+        top_p=sampling["top_p"],
+        max_new_tokens=max_new,
+        seed=seed,
+    )
+
+
+def _row_maker(
+    spec: Any,
+    records: Sequence[Mapping[str, Any]],
+    texts: Sequence[str],
+    budgets: Sequence[int],
+    max_tokens: int,
+) -> Callable[[int, int, str, int, str], dict[str, Any]]:
+    """``row(p, sample, response, length, finish)``: the output row of prompt ``p``'s sample."""
+
+    def row(p: int, sample: int, response: str, length: int, finish: str) -> dict[str, Any]:
+        return {
+            "benchmark": spec.name,
+            "id": records[p]["id"],
+            "sample": sample,
+            "prompt": texts[p],
+            "response": response,
+            "length": length,
+            "finish_reason": finish,
+            # its budget was cut to the room the model's context left (aggbench.evaluation.context)
+            "context_capped": 0 < budgets[p] < max_tokens,
+            **record_fields(spec, records[p]),
+        }
+
+    return row
+
+
+def _chunk_rows(span: range, fit: list[int], roll: Any, n: int, row: Callable) -> list[dict[str, Any]]:
+    """The rows of one chunk's prompts ``span``, ``n`` per prompt in order: the generated ones
+    (``roll``: ``n`` responses per prompt of ``fit``, or None) and empty ``prompt_too_long`` rows for
+    the prompts not sent."""
+    done = {}
+    for i in range(len(roll) if roll is not None else 0):
+        p = fit[i // n]
+        finish = "stop" if roll.finished[i] else "length"
+        done[(p, i % n)] = row(p, i % n, roll.texts[i], len(roll.response_ids[i]), finish)
+    return [done.get((p, j)) or row(p, j, "", 0, PROMPT_TOO_LONG) for p in span for j in range(n)]
 
 
 def _versions() -> dict[str, str]:

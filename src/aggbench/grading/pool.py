@@ -258,87 +258,133 @@ class GradingPool:
         n = len(items)
         if timeouts is not None and len(timeouts) != n:
             raise ValueError(f"timeouts has {len(timeouts)} entries for {n} items")
-        results: list[Any] = [_MISSING] * n
         if n == 0:
-            return results
+            return []
         for i, w in enumerate(self._workers):
             if w.task:  # still on an earlier map() that was interrupted (an exception, Ctrl-C)
                 self._replace(i)
         self._batch += 1
-        batch = self._batch
         try:
             fn_payload = fn if isinstance(fn, str) else pickle.dumps(fn)
         except Exception as exc:
             raise TypeError(f"fn must be a module-level function (picklable by reference): {exc}") from exc
         size = self.chunk_size or max(1, min(64, -(-n // (4 * self.n_workers))))
+        call = _MapCall(self, self._batch, fn_payload, items, size=size, failure=failure, timeouts=timeouts)
+        while call.remaining:
+            now = time.monotonic()
+            call.hand_out(now)
+            call.collect(call.wait_ready(now))
+            call.report(progress)
+            call.expire(time.monotonic())
+        if progress is not None and n > call.reported:
+            progress(n - call.reported)
+        return call.results
+
+
+class _MapCall:
+    """One :meth:`GradingPool.map` call: its results, the chunks not handed out yet and the items
+    left, and a method per phase of the call's loop (hand out work, wait, collect what came back or
+    who died, report progress, expire deadlines). The workers are the pool's, shared by every call;
+    ``batch`` tells this call's answers from the stale ones of an earlier, interrupted call."""
+
+    def __init__(
+        self,
+        pool: GradingPool,
+        batch: int,
+        fn_payload: str | bytes,
+        items: list[Any],
+        *,
+        size: int,
+        failure: Callable[[str], Any],
+        timeouts: Sequence[float] | None,
+    ) -> None:
+        self.pool = pool
+        self.batch = batch
+        self.fn_payload = fn_payload
+        self.failure = failure
+        self.timeouts = timeouts
+        self.n = len(items)
+        self.results: list[Any] = [_MISSING] * self.n
         indexed = list(enumerate(items))
-        pending: collections.deque = collections.deque(indexed[i : i + size] for i in range(0, n, size))
-        remaining = n
-        reported = 0
+        self.pending: collections.deque = collections.deque(
+            indexed[i : i + size] for i in range(0, self.n, size)
+        )
+        self.remaining = self.n
+        self.reported = 0
 
-        def deadline_of(w: _Worker) -> float:
-            index = w.task[0][0]
-            return w.started_at + (timeouts[index] if timeouts is not None else self.timeout_s)
+    def deadline_of(self, w: _Worker) -> float:
+        index = w.task[0][0]
+        return w.started_at + (self.timeouts[index] if self.timeouts is not None else self.pool.timeout_s)
 
-        def finish(index: int, value: Any) -> None:
-            nonlocal remaining
-            if results[index] is _MISSING:
-                results[index] = value
-                remaining -= 1
+    def finish(self, index: int, value: Any) -> None:
+        if self.results[index] is _MISSING:
+            self.results[index] = value
+            self.remaining -= 1
 
-        while remaining:
-            now = time.monotonic()
-            for w in self._workers:  # hand out work
-                if w.ready and not w.busy and pending:
-                    chunk = pending.popleft()
-                    try:
-                        blob = pickle.dumps([item for _index, item in chunk])
-                    except Exception as exc:
-                        raise TypeError(f"cannot send these items to a grading worker: {exc}") from exc
-                    try:
-                        w.conn.send((batch, fn_payload, [index for index, _item in chunk], blob))
-                    except (BrokenPipeError, OSError):
-                        pending.appendleft(chunk)  # the dead worker is noticed below
-                        continue
-                    w.task.extend(chunk)
-                    w.started_at = now
-            waits = [deadline_of(w) for w in self._workers if w.busy]
-            waits += [w.started_at + STARTUP_TIMEOUT_S for w in self._workers if not w.ready]
-            timeout = max(0.0, min(waits) - now) if waits else None
-            ready = set(
-                wait([w.conn for w in self._workers] + [w.process.sentinel for w in self._workers], timeout)
-            )
-            for i, w in enumerate(self._workers):
-                dead = w.process.sentinel in ready
-                if w.conn in ready or dead:
-                    dead = self._drain(w, batch, finish, failure) or dead
-                if dead:
-                    if not w.ready:
-                        w.process.join(timeout=1.0)
-                        code = w.process.exitcode
-                        self._replace(i)  # keep the pool whole before raising
-                        raise RuntimeError(
-                            f"a grading worker exited with code {code} before it was ready "
-                            f"(preload {self._preload}); run `python -c 'import {self._preload[0] if self._preload else 'aggbench'}'` to see why"
-                        )
-                    self._fail_current(w, "worker_crashed", finish, failure, pending)
-                    self._replace(i)
-            if progress is not None and n - remaining > reported:
-                progress(n - remaining - reported)
-                reported = n - remaining
-            now = time.monotonic()
-            for i, w in enumerate(self._workers):
-                if w.busy and now >= deadline_of(w):
-                    self._fail_current(w, "timeout", finish, failure, pending)
-                    self._replace(i)
-                elif not w.ready and now >= w.started_at + STARTUP_TIMEOUT_S:
-                    self._replace(i)
-                    raise RuntimeError(f"a grading worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
-        if progress is not None and n > reported:
-            progress(n - reported)
-        return results
+    def hand_out(self, now: float) -> None:
+        """The next pending chunk to every ready, idle worker."""
+        for w in self.pool._workers:
+            if w.ready and not w.busy and self.pending:
+                chunk = self.pending.popleft()
+                try:
+                    blob = pickle.dumps([item for _index, item in chunk])
+                except Exception as exc:
+                    raise TypeError(f"cannot send these items to a grading worker: {exc}") from exc
+                try:
+                    w.conn.send((self.batch, self.fn_payload, [index for index, _item in chunk], blob))
+                except (BrokenPipeError, OSError):
+                    self.pending.appendleft(chunk)  # the dead worker is noticed below
+                    continue
+                w.task.extend(chunk)
+                w.started_at = now
 
-    def _drain(self, w: _Worker, batch: int, finish: Callable, failure: Callable) -> bool:
+    def wait_ready(self, now: float) -> set:
+        """Wait until a worker sends or dies, or the nearest deadline (an item's, a start's) passes;
+        the connections and process sentinels that are ready."""
+        workers = self.pool._workers
+        waits = [self.deadline_of(w) for w in workers if w.busy]
+        waits += [w.started_at + STARTUP_TIMEOUT_S for w in workers if not w.ready]
+        timeout = max(0.0, min(waits) - now) if waits else None
+        return set(wait([w.conn for w in workers] + [w.process.sentinel for w in workers], timeout))
+
+    def collect(self, ready: set) -> None:
+        """Read every ready worker's messages; a dead worker's current item fails and it is replaced
+        (one that died before it was ready raises)."""
+        pool = self.pool
+        for i, w in enumerate(pool._workers):
+            dead = w.process.sentinel in ready
+            if w.conn in ready or dead:
+                dead = self._drain(w) or dead
+            if dead:
+                if not w.ready:
+                    w.process.join(timeout=1.0)
+                    code = w.process.exitcode
+                    pool._replace(i)  # keep the pool whole before raising
+                    raise RuntimeError(
+                        f"a grading worker exited with code {code} before it was ready "
+                        f"(preload {pool._preload}); run `python -c 'import {pool._preload[0] if pool._preload else 'aggbench'}'` to see why"
+                    )
+                self._fail_current(w, "worker_crashed")
+                pool._replace(i)
+
+    def report(self, progress: Callable[[int], Any] | None) -> None:
+        """``progress(k)`` for the ``k`` items finished since the last report."""
+        if progress is not None and self.n - self.remaining > self.reported:
+            progress(self.n - self.remaining - self.reported)
+            self.reported = self.n - self.remaining
+
+    def expire(self, now: float) -> None:
+        """An item past its deadline fails and its worker is replaced; a worker that has not started
+        within STARTUP_TIMEOUT_S is replaced and raises."""
+        for i, w in enumerate(self.pool._workers):
+            if w.busy and now >= self.deadline_of(w):
+                self._fail_current(w, "timeout")
+                self.pool._replace(i)
+            elif not w.ready and now >= w.started_at + STARTUP_TIMEOUT_S:
+                self.pool._replace(i)
+                raise RuntimeError(f"a grading worker did not start within {STARTUP_TIMEOUT_S:.0f} s")
+
+    def _drain(self, w: _Worker) -> bool:
         """Read every message a worker has sent; True if its pipe is closed (the worker is gone)."""
         try:
             while w.conn.poll():
@@ -347,24 +393,22 @@ class GradingPool:
                     w.ready = True
                     w.started_at = time.monotonic()
                     continue
-                if msg_batch != batch:
+                if msg_batch != self.batch:
                     continue  # a stale answer from an earlier, interrupted map()
                 if w.task and w.task[0][0] == index:
                     w.task.popleft()
                 w.started_at = time.monotonic()  # the next item starts now
-                finish(index, payload if kind == "ok" else failure(f"error: {payload}"))
+                self.finish(index, payload if kind == "ok" else self.failure(f"error: {payload}"))
         except (EOFError, OSError):
             return True
         return False
 
-    def _fail_current(
-        self, w: _Worker, reason: str, finish: Callable, failure: Callable, pending: collections.deque
-    ) -> None:
+    def _fail_current(self, w: _Worker, reason: str) -> None:
         """The worker's current item fails with ``reason``; the rest of its chunk goes back to the queue."""
         if not w.task:
             return
         index, _item = w.task.popleft()
-        finish(index, failure(reason))
+        self.finish(index, self.failure(reason))
         if w.task:
-            pending.appendleft(list(w.task))
+            self.pending.appendleft(list(w.task))
         w.task.clear()

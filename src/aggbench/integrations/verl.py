@@ -53,6 +53,7 @@ TESTED_VERL = (0, 9)
 PREFIX = "aggbench_"
 SUM_MODE = "seq-mean-token-sum"
 TOKEN_MODE = "token-mean"
+ACTOR = "actor_rollout_ref.actor"  # the config section of the policy being trained
 _REGISTERED: dict[str, Any] = {}
 _LOAD_ERROR: list[BaseException] = []
 
@@ -111,21 +112,33 @@ def check_config(config: Any, instance: RuleInstance) -> None:
 
     ``config``: verl's whole trainer config (the DictConfig ``main_ppo`` receives).
     """
-    actor = "actor_rollout_ref.actor"
-    strategy = _get(config, f"{actor}.strategy", "fsdp")
+    _check_loss(config, instance)
+    if native_token(instance):
+        return  # token-mean normalises each mini-batch by its own global token count: any layout
+    n = int(_get(config, "actor_rollout_ref.rollout.n", 1))
+    batch = int(_get(config, "data.train_batch_size")) * n
+    mini = int(_get(config, f"{ACTOR}.ppo_mini_batch_size")) * n
+    if mini >= batch:
+        return  # one mini-batch per step: the whole batch is the mini-batch, exact in any order or split
+    _check_minibatches(config, instance, n=n, batch=batch, mini=mini)
+
+
+def _check_loss(config: Any, instance: RuleInstance) -> None:
+    """The loss path: FSDP, the clipped PPO loss, the loss_agg_mode the rule needs, no entropy or KL loss."""
+    strategy = _get(config, f"{ACTOR}.strategy", "fsdp")
     if strategy == "megatron":
         raise AdapterConfigError(
-            f"{actor}.strategy=megatron: Megatron scales each micro-batch's loss by its micro-batch count and the "
+            f"{ACTOR}.strategy=megatron: Megatron scales each micro-batch's loss by its micro-batch count and the "
             "adapter is tested on the FSDP loss path only; use the FSDP backend (actor_rollout_ref.actor.strategy=fsdp2)"
         )
-    loss_mode = _get(config, f"{actor}.policy_loss.loss_mode", "vanilla")
+    loss_mode = _get(config, f"{ACTOR}.policy_loss.loss_mode", "vanilla")
     if loss_mode != "vanilla":
         raise AdapterConfigError(
-            f"{actor}.policy_loss.loss_mode={loss_mode}: only the clipped PPO loss ('vanilla') scales each token's "
-            f"term by its advantage's size; set {actor}.policy_loss.loss_mode=vanilla"
+            f"{ACTOR}.policy_loss.loss_mode={loss_mode}: only the clipped PPO loss ('vanilla') scales each token's "
+            f"term by its advantage's size; set {ACTOR}.policy_loss.loss_mode=vanilla"
         )
     want = TOKEN_MODE if native_token(instance) else SUM_MODE
-    mode = _get(config, f"{actor}.loss_agg_mode")
+    mode = _get(config, f"{ACTOR}.loss_agg_mode")
     if mode != want:
         why = (
             "verl's token-mean is the token rule, exactly"
@@ -133,36 +146,35 @@ def check_config(config: Any, instance: RuleInstance) -> None:
             else "the estimator's advantages are scaled for it (a token sum over the global mini-batch / its constant size)"
         )
         raise AdapterConfigError(
-            f"{actor}.loss_agg_mode={mode} with aggbench rule {instance.name!r}: {why}; "
-            f"set {actor}.loss_agg_mode={want}"
+            f"{ACTOR}.loss_agg_mode={mode} with aggbench rule {instance.name!r}: {why}; "
+            f"set {ACTOR}.loss_agg_mode={want}"
         )
-    entropy = float(_get(config, f"{actor}.entropy_coeff", 0.0))
+    entropy = float(_get(config, f"{ACTOR}.entropy_coeff", 0.0))
     if entropy != 0.0:
         raise AdapterConfigError(
-            f"{actor}.entropy_coeff={entropy}: verl's entropy loss uses the same loss_agg_mode, which the rule "
-            f"changed; set {actor}.entropy_coeff=0"
+            f"{ACTOR}.entropy_coeff={entropy}: verl's entropy loss uses the same loss_agg_mode, which the rule "
+            f"changed; set {ACTOR}.entropy_coeff=0"
         )
     if (
-        _get(config, f"{actor}.use_kl_loss", False)
-        and float(_get(config, f"{actor}.kl_loss_coef", 0.0)) != 0.0
+        _get(config, f"{ACTOR}.use_kl_loss", False)
+        and float(_get(config, f"{ACTOR}.kl_loss_coef", 0.0)) != 0.0
     ):
         raise AdapterConfigError(
-            f"{actor}.use_kl_loss=true (kl_loss_coef={_get(config, f'{actor}.kl_loss_coef')}): verl's KL loss uses "
-            f"the same loss_agg_mode, which the rule changed; set {actor}.use_kl_loss=false (or algorithm.use_kl_in_reward=true)"
+            f"{ACTOR}.use_kl_loss=true (kl_loss_coef={_get(config, f'{ACTOR}.kl_loss_coef')}): verl's KL loss uses "
+            f"the same loss_agg_mode, which the rule changed; set {ACTOR}.use_kl_loss=false (or algorithm.use_kl_in_reward=true)"
         )
-    if native_token(instance):
-        return  # token-mean normalises each mini-batch by its own global token count: any layout
-    n = int(_get(config, "actor_rollout_ref.rollout.n", 1))
-    batch = int(_get(config, "data.train_batch_size")) * n
-    mini = int(_get(config, f"{actor}.ppo_mini_batch_size")) * n
-    if mini >= batch:
-        return  # one mini-batch per step: the whole batch is the mini-batch, exact in any order or split
-    one_step = f"or set {actor}.ppo_mini_batch_size=data.train_batch_size (one optimiser step per batch)"
+
+
+def _check_minibatches(config: Any, instance: RuleInstance, *, n: int, batch: int, mini: int) -> None:
+    """k = batch / mini > 1 mini-batches per step (``n`` responses per prompt; ``batch`` and ``mini``
+    in rows): each must be a fixed set of whole groups, and the rule's weights must not depend on
+    which groups share one."""
+    one_step = f"or set {ACTOR}.ppo_mini_batch_size=data.train_batch_size (one optimiser step per batch)"
     k = batch // mini
-    if _get(config, f"{actor}.shuffle", False):
+    if _get(config, f"{ACTOR}.shuffle", False):
         raise AdapterConfigError(
-            f"{actor}.shuffle=true with {k} mini-batches per step: shuffled mini-batches are not sets of whole "
-            f"groups; set {actor}.shuffle=false, {one_step}"
+            f"{ACTOR}.shuffle=true with {k} mini-batches per step: shuffled mini-batches are not sets of whole "
+            f"groups; set {ACTOR}.shuffle=false, {one_step}"
         )
     if _get(config, "trainer.use_v1", False):
         raise AdapterConfigError(
@@ -180,13 +192,13 @@ def check_config(config: Any, instance: RuleInstance) -> None:
             "depend on which groups share a mini-batch (batch scope, or include_zero_groups=false), which the "
             f"estimator does not see; use a group-scope instance with include_zero_groups=true, {one_step}"
         )
-    sp = int(_get(config, f"{actor}.fsdp_config.ulysses_sequence_parallel_size", 1) or 1)
+    sp = int(_get(config, f"{ACTOR}.fsdp_config.ulysses_sequence_parallel_size", 1) or 1)
     dp = max(
         1, int(_get(config, "trainer.n_gpus_per_node", 1)) * int(_get(config, "trainer.nnodes", 1)) // sp
     )
     if (mini // dp) % n or (batch // dp) % n:
         raise AdapterConfigError(
-            f"{actor}.ppo_mini_batch_size x rollout.n = {mini} rows over {dp} data-parallel ranks: each rank's "
+            f"{ACTOR}.ppo_mini_batch_size x rollout.n = {mini} rows over {dp} data-parallel ranks: each rank's "
             f"slice must hold whole groups of {n}; choose ppo_mini_batch_size so that it is a multiple of {dp}, "
             f"{one_step}"
         )

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,32 @@ def _throughput(kind: str, given: dict, plan: dict, flops: float, on_gpu: bool):
     return tps, f"assumed: MFU {plan['mfu'][kind]} x {plan['gpu']['peak_tflops']} TFLOP/s"
 
 
+@dataclass(frozen=True)
+class _TrainTime:
+    """One training step's tokens and throughputs, and what a cell's training takes."""
+
+    tokens: dict[str, float]
+    gen_tps: float | None
+    gen_src: str
+    upd_tps: float | None
+    upd_src: str
+    step_gpu_s: float | None
+    longest_segment: int
+    segment_wall_h: float | None
+    train_gpu_h: float | None
+
+
+@dataclass(frozen=True)
+class _EvalTime:
+    """What evaluating one checkpoint takes, on the generate job's GPUs."""
+
+    tokens: float
+    tps: float | None
+    src: str
+    gpu_h: float | None
+    wall_h: float | None
+
+
 def model_plan(exp: dict, name: str, plan: dict, workload: list[dict]) -> dict[str, Any]:
     """Everything per model (cells of one model differ only in dataset, rule and seed)."""
     shape, shape_source = model_shape(exp, name, plan)
@@ -196,52 +223,20 @@ def model_plan(exp: dict, name: str, plan: dict, workload: list[dict]) -> dict[s
     gpus = int(resource(exp, "train", name, "gpus") or 0)
     gen_gpus = int(resource(exp, "generate", name, "gpus") or 0)
     given = mp.get("throughput") or {}
-    gen_ctx, upd_ctx = cm.mean_context(prompt, resp)
-    gen_tps, gen_src = _throughput("generate", given, plan, shape.forward_flops_per_token(gen_ctx), gpus > 0)
-    upd_tps, upd_src = _throughput("update", given, plan, shape.train_flops_per_token(upd_ctx), gpus > 0)
-
-    seqs = a.prompts_per_step * a.group_size
-    tokens = {
-        "generate": seqs * resp * rounds,
-        "update": seqs * (prompt + resp) * a.ppo_epochs,
-        "forward_only": seqs * (prompt + resp) * ((a.ppo_epochs * a.mini_batches > 1) + (a.kl_coef > 0)),
-    }
-    step_gpu_s = None
-    if gen_tps and upd_tps:
-        step_gpu_s = (
-            tokens["generate"] / gen_tps + tokens["update"] / upd_tps + tokens["forward_only"] / (3 * upd_tps)
-        )
-    segments = checkpoint_steps(exp, name)
-    longest_segment = max(b - a_ for a_, b in zip([0, *segments], segments, strict=False))
-    # device-seconds: GPU-seconds, or a CPU job's seconds when a throughput is configured for it
-    train_gpu_h = None if step_gpu_s is None else (step_gpu_s * a.total_steps / 3600 if gpus else 0.0)
-
-    # evaluation, per evaluated checkpoint, on the generate job's GPUs
-    eval_tokens = sum(
-        w["problems"] * w["samples"] * _eval_response(w, frac, prompt, exp, name) for w in workload
-    )
-    eval_ctx = prompt + (eval_tokens / max(sum(w["problems"] * w["samples"] for w in workload), 1)) / 2
-    eval_tps, eval_src = _throughput(
-        "generate", given, plan, shape.forward_flops_per_token(eval_ctx), gen_gpus > 0
-    )
-    eval_h = eval_tokens / eval_tps / 3600 if eval_tps else None
-    eval_gpu_h = None if eval_h is None else (eval_h if gen_gpus else 0.0)
-
+    train = _train_time(exp, name, plan, shape, a, given, prompt, resp, rounds, gpus)
+    ev = _eval_time(exp, name, plan, shape, given, workload, frac, prompt, gen_gpus)
     memory = memory_plan(exp, name, shape, cfg, plan, gpus, precision, gen_gpus)
     runtime_h = float(resource(exp, "train", name, "runtime")) / 60
-    segment_wall_h = step_gpu_s * longest_segment / max(gpus, 1) / 3600 if step_gpu_s is not None else None
     warnings = list(memory.pop("warnings"))
-    if segment_wall_h is not None and segment_wall_h > runtime_h:
+    if train.segment_wall_h is not None and train.segment_wall_h > runtime_h:
         warnings.append(
-            f"a train segment ({longest_segment} steps) needs ~{segment_wall_h:.1f} h but "
+            f"a train segment ({train.longest_segment} steps) needs ~{train.segment_wall_h:.1f} h but "
             f"resources.train.runtime is {runtime_h:.1f} h: raise it or lower training.checkpoint.every"
         )
     gen_runtime_h = float(resource(exp, "generate", name, "runtime")) / 60
-    gen_wall_h = None if eval_h is None else eval_h / max(gen_gpus, 1)
-    if gen_wall_h is not None and gen_wall_h > gen_runtime_h:
+    if ev.wall_h is not None and ev.wall_h > gen_runtime_h:
         warnings.append(
-            f"a generate job needs ~{gen_wall_h:.1f} h but resources.generate.runtime is "
-            f"{gen_runtime_h:.1f} h"
+            f"a generate job needs ~{ev.wall_h:.1f} h but resources.generate.runtime is {gen_runtime_h:.1f} h"
         )
     return {
         "shape": shape.as_dict(),
@@ -257,26 +252,64 @@ def model_plan(exp: dict, name: str, plan: dict, workload: list[dict]) -> dict[s
             "max_prompt": s.max_prompt_tokens,
             "max_response": s.max_new_tokens,
         },
-        "tokens_per_step": tokens,
+        "tokens_per_step": train.tokens,
         "throughput": {
-            "generate": gen_tps,
-            "generate_source": gen_src,
-            "update": upd_tps,
-            "update_source": upd_src,
-            "eval_generate": eval_tps,
-            "eval_generate_source": eval_src,
+            "generate": train.gen_tps,
+            "generate_source": train.gen_src,
+            "update": train.upd_tps,
+            "update_source": train.upd_src,
+            "eval_generate": ev.tps,
+            "eval_generate_source": ev.src,
         },
-        "step_gpu_seconds": step_gpu_s,
-        "segment_steps": longest_segment,
-        "segment_wall_hours": segment_wall_h,
+        "step_gpu_seconds": train.step_gpu_s,
+        "segment_steps": train.longest_segment,
+        "segment_wall_hours": train.segment_wall_h,
         "segment_runtime_limit_hours": runtime_h,
-        "train_gpu_hours_per_cell": train_gpu_h,
-        "eval_tokens_per_checkpoint": eval_tokens,
-        "eval_gpu_hours_per_checkpoint": eval_gpu_h,
-        "generate_job_wall_hours": gen_wall_h,
+        "train_gpu_hours_per_cell": train.train_gpu_h,
+        "eval_tokens_per_checkpoint": ev.tokens,
+        "eval_gpu_hours_per_checkpoint": ev.gpu_h,
+        "generate_job_wall_hours": ev.wall_h,
         "memory": memory,
         "warnings": warnings,
     }
+
+
+def _train_time(exp, name, plan, shape: cm.ModelShape, a, given, prompt, resp, rounds, gpus) -> _TrainTime:
+    """One step's tokens (``a``: the cell's algorithm config; mean ``prompt`` and ``resp`` lengths,
+    ``rounds`` of generation), the throughputs (``given``: configured ones), GPU-seconds per step,
+    the longest train segment's wall hours on ``gpus`` GPUs and a cell's training GPU-hours."""
+    gen_ctx, upd_ctx = cm.mean_context(prompt, resp)
+    gen_tps, gen_src = _throughput("generate", given, plan, shape.forward_flops_per_token(gen_ctx), gpus > 0)
+    upd_tps, upd_src = _throughput("update", given, plan, shape.train_flops_per_token(upd_ctx), gpus > 0)
+    seqs = a.prompts_per_step * a.group_size
+    tokens = {
+        "generate": seqs * resp * rounds,
+        "update": seqs * (prompt + resp) * a.ppo_epochs,
+        "forward_only": seqs * (prompt + resp) * ((a.ppo_epochs * a.mini_batches > 1) + (a.kl_coef > 0)),
+    }
+    step_gpu_s = None
+    if gen_tps and upd_tps:
+        step_gpu_s = (
+            tokens["generate"] / gen_tps + tokens["update"] / upd_tps + tokens["forward_only"] / (3 * upd_tps)
+        )
+    segments = checkpoint_steps(exp, name)
+    longest = max(b - a_ for a_, b in zip([0, *segments], segments, strict=False))
+    # device-seconds: GPU-seconds, or a CPU job's seconds when a throughput is configured for it
+    train_gpu_h = None if step_gpu_s is None else (step_gpu_s * a.total_steps / 3600 if gpus else 0.0)
+    wall_h = step_gpu_s * longest / max(gpus, 1) / 3600 if step_gpu_s is not None else None
+    return _TrainTime(tokens, gen_tps, gen_src, upd_tps, upd_src, step_gpu_s, longest, wall_h, train_gpu_h)
+
+
+def _eval_time(exp, name, plan, shape: cm.ModelShape, given, workload, frac, prompt, gen_gpus) -> _EvalTime:
+    """Evaluating one checkpoint on every benchmark of ``workload`` (responses at ``frac`` of their
+    maximum, prompts of ``prompt`` tokens) on the generate job's ``gen_gpus`` GPUs."""
+    tokens = sum(w["problems"] * w["samples"] * _eval_response(w, frac, prompt, exp, name) for w in workload)
+    ctx = prompt + (tokens / max(sum(w["problems"] * w["samples"] for w in workload), 1)) / 2
+    tps, src = _throughput("generate", given, plan, shape.forward_flops_per_token(ctx), gen_gpus > 0)
+    hours = tokens / tps / 3600 if tps else None
+    gpu_h = None if hours is None else (hours if gen_gpus else 0.0)
+    wall_h = None if hours is None else hours / max(gen_gpus, 1)
+    return _EvalTime(tokens, tps, src, gpu_h, wall_h)
 
 
 def _eval_response(w: dict, frac: float, prompt: float, exp: dict, name: str) -> float:
