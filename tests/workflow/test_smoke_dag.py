@@ -210,3 +210,16 @@ def test_outputs_equal_the_golden_ones(wf, smoke_run):
     assert not diff, f"{len(diff)} differences from {GOLDEN} ({context}; `make golden` regenerates):\n" + (
         "\n".join(diff[:20])
     )
+
+
+def test_each_cell_records_its_environment_in_files_and_tags(wf, smoke_run):
+    """runs/{cell}/environment.json and the MLflow run's env.* tags: the same description."""
+    results, _, _ = smoke_run
+    client, exp = _client_and_experiment(results)
+    for cell in _cells(wf):
+        env = json.loads((results / "runs" / cell / "environment.json").read_text())
+        assert env["packages"]["torch"] and env["cpu_capability"], cell
+        run_id = json.loads((results / "runs" / cell / "mlflow_run.json").read_text())["run_id"]
+        tags = client.get_run(run_id).data.tags
+        assert tags["env.sha256"] == env["environment_sha256"], cell
+        assert tags["env.transformers"] == env["packages"]["transformers"], cell
