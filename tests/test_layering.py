@@ -19,7 +19,7 @@ from helpers.support import import_without
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "aggbench"
 FOUNDATION = {"registry", "files", "layout", "metric_names", "seeds", "devices", "modeldir", "prompts"}
-FOUNDATION |= {"config_errors", "errors"}
+FOUNDATION |= {"config_errors", "errors", "environment", "golden"}
 
 ALLOWED: dict[str, set[str]] = {
     **{name: set() for name in FOUNDATION},
@@ -33,7 +33,7 @@ ALLOWED: dict[str, set[str]] = {
     "tiny/": set(),
     "aggregation/": {"errors", "registry"},
     "data/": {"errors", "files", "graders", "metric_names", "registry", "tiny/"},
-    "tracking": {"files", "layout"},
+    "tracking": {"environment", "files", "layout"},
     "grading/": {"data/", "graders", "tiny/"},
     "grid": {"aggregation/", "config", "config_errors", "data/", "errors", "layout"},
     "rollout/": {"seeds"},
@@ -48,9 +48,9 @@ ALLOWED: dict[str, set[str]] = {
         "modeldir",
         "seeds",
     }
-    | {"config_errors", "errors", "prompts", "registry", "rollout/", "tiny/", "tracking"},
+    | {"config_errors", "environment", "errors", "prompts", "registry", "rollout/", "tiny/", "tracking"},
     "evaluation/": {"data/", "devices", "files", "graders", "grading/", "modeldir", "prompts", "rollout/"}
-    | {"errors", "layout", "metric_names", "registry", "seeds", "tiny/", "tracking"},
+    | {"environment", "errors", "layout", "metric_names", "registry", "seeds", "tiny/", "tracking"},
     # adapters for other trainers: the rules, nothing of aggbench's trainer
     "integrations/": {"aggregation/", "errors"},
     "report/": {"config", "data/", "files", "grid", "layout", "metric_names", "tracking"}
@@ -61,6 +61,8 @@ ALLOWED: dict[str, set[str]] = {
 NO_TORCH = (
     {
         "registry",
+        "environment",
+        "golden",
         "files",
         "graders",
         "config",

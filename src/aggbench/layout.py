@@ -9,6 +9,7 @@
     {results}/runs/{cell}/prompt_filter.json            prompts the trainer dropped (too long)
     {results}/runs/{cell}/metrics.jsonl                 one row per finished step (source of truth)
     {results}/runs/{cell}/mlflow_run.json               which MLflow run holds the cell
+    {results}/runs/{cell}/environment.json              package versions, CPU (aggbench.environment)
     {results}/runs/{cell}/checkpoints/step_{N}/COMPLETE a committed checkpoint (written last)
     {results}/runs/{cell}/segments/step_{N}.done        the train segment that ends at N finished
     {results}/runs/{cell}/samples/step_{N}/{bench}.jsonl
@@ -103,6 +104,11 @@ def rule_file(run: str | Path) -> Path:
 
 def metrics_file(run: str | Path) -> Path:
     return Path(run) / "metrics.jsonl"
+
+
+def environment_file(run: str | Path) -> Path:
+    """What a run (or a base model's evaluation) ran on: ``aggbench.environment.describe()``."""
+    return Path(run) / "environment.json"
 
 
 def mlflow_marker(run: str | Path) -> Path:

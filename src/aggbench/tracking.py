@@ -453,7 +453,7 @@ def run_tags(cfg: Any, rule: Any, plugin_files: list[Path]) -> dict[str, Any]:
     import torch
     import transformers
 
-    from aggbench import __version__
+    from aggbench import __version__, environment
 
     tags = {
         "aggbench.cell_id": cfg.resolved_cell_id,
@@ -470,6 +470,7 @@ def run_tags(cfg: Any, rule: Any, plugin_files: list[Path]) -> dict[str, Any]:
     }
     for k, v in rule.params.items():
         tags[f"aggregation.{k}"] = v
+    tags |= environment.tags(environment.describe())  # versions that can change a number, CPU
     if plugin_files:
         h = hashlib.sha256()
         for f in sorted(plugin_files):

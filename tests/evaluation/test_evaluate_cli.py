@@ -55,6 +55,10 @@ def test_evaluate_end_to_end_logs_each_step_once(tiny_model, store, tmp_path):
     assert metrics["avg@2"] == pytest.approx(sum(g["correct"] for g in graded) / 8)
     summary = json.loads((out0 / "evaluation.json").read_text())
     assert summary["step"] == 0 and summary["mlflow"]["cell_id"] == "tiny-cell"
+    import torch  # what the numbers were computed on (aggbench.environment)
+
+    assert summary["environment"]["packages"]["torch"] == torch.__version__
+    assert summary["environment"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     expected = {
         "eval/tiny_test/avg_at_2": metrics["avg@2"],
         "eval/tiny_test/pass_at_1": metrics["pass@1"],

@@ -5,7 +5,8 @@ with a number for every benchmark; the positive/negative length gap lasted to th
 `token` weighted the two advantage signs differently from `balanced` on the same batches (otherwise
 the smoke grid would compare rules that behave identically); and MLflow as a researcher uses it:
 every run FINISHED, cells found by their params, the experiment tagged for the runs view, the
-summary tables readable with `mlflow.load_table`.
+summary tables readable with `mlflow.load_table`. And the outputs equal the golden ones
+(tests/golden/smoke/, `make golden` regenerates them) where the CPU is the golden's.
 
 How long the DAG takes is measured by benchmarks/smoke_dag.py, not asserted here: a busy machine
 must not fail a correct run. The hard timeout only keeps CI from hanging.
@@ -17,9 +18,12 @@ import csv
 import json
 import math
 import time
+from pathlib import Path
 
 import pytest
 import yaml
+
+from aggbench import golden
 
 HARD_TIMEOUT_S = 40 * 60  # a hang, not a slow machine (benchmarks/smoke_dag.py measures the time)
 # pyproject's 600 s per-test timeout would cut the run short: the fixture's run has its own
@@ -187,3 +191,35 @@ def test_summary_tables_load_back_with_mlflow(wf, smoke_run, monkeypatch):
             assert got.mean == pytest.approx(float(r["mean"])), (r["row"], r["column"])
     peak = mlflow.load_table("tables/peak.json", run_ids=[summary.info.run_id])
     assert len(peak) == len(_rows(results / "tables" / "peak.csv"))
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "smoke"
+
+
+def test_outputs_equal_the_golden_ones(wf, smoke_run):
+    """Tables and every cell's metrics (time fields left out) equal tests/golden/smoke/, made in the
+    locked environment (.ci/lock.txt). On another CPU model or kernel path the warm start trains
+    other weights, so there the comparison cannot be made: skipped, saying how the machines differ."""
+    results, _, _ = smoke_run
+    golden_machine = json.loads((GOLDEN / "machine.json").read_text())
+    here = golden.machine(wf.REPO)
+    if other := golden.machine_differences(golden_machine, here):
+        pytest.skip("cannot compare with the golden outputs, another machine: " + "; ".join(other))
+    diff = golden.differences(GOLDEN, results)
+    context = f"golden lock {golden_machine['lock_sha256'][:12]}, here {str(here['lock_sha256'])[:12]}"
+    assert not diff, f"{len(diff)} differences from {GOLDEN} ({context}; `make golden` regenerates):\n" + (
+        "\n".join(diff[:20])
+    )
+
+
+def test_each_cell_records_its_environment_in_files_and_tags(wf, smoke_run):
+    """runs/{cell}/environment.json and the MLflow run's env.* tags: the same description."""
+    results, _, _ = smoke_run
+    client, exp = _client_and_experiment(results)
+    for cell in _cells(wf):
+        env = json.loads((results / "runs" / cell / "environment.json").read_text())
+        assert env["packages"]["torch"] and env["cpu_capability"], cell
+        run_id = json.loads((results / "runs" / cell / "mlflow_run.json").read_text())["run_id"]
+        tags = client.get_run(run_id).data.tags
+        assert tags["env.sha256"] == env["environment_sha256"], cell
+        assert tags["env.transformers"] == env["packages"]["transformers"], cell

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from aggbench import environment
 from aggbench.evaluation.generate import generate_benchmarks
 from aggbench.evaluation.mlflow import log_eval_metrics
 from aggbench.evaluation.options import GenerateOptions
@@ -72,5 +73,6 @@ def evaluate_checkpoint(
                 finish=is_base_dir(run_dir),  # a base model's run: nothing else is logged to it
             ),
         }
+    result["environment"] = environment.describe()  # what these numbers were computed on
     write_json(out_dir / "evaluation.json", result)
     return result

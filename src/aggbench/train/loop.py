@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from aggbench import layout
+from aggbench import environment, layout
 from aggbench.aggregation import load_plugins, resolve_instance
 from aggbench.aggregation.advantages import get_advantage
 from aggbench.config import (
@@ -217,6 +217,7 @@ def _train_segment(
     a, main = cfg.algorithm, ranks.main
     if main:
         dump_config(cfg, layout.resolved_config_file(out))
+        environment.write(layout.environment_file(out))  # rewritten per segment, like the config
         if not layout.rule_file(out).exists():  # what the run was started with, kept on resumes
             write_atomic(layout.rule_file(out), json.dumps(prep.rule.describe(), indent=2) + "\n")
         checkpoint.clean_partial(out)
