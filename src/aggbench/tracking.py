@@ -53,16 +53,17 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import quote, unquote, urlparse
 
 from aggbench.files import write_atomic
 
 SENTINEL = "train/step"
-# MLflow 3's UI opens an experiment on its GenAI overview unless this tag says otherwise; the
-# values are the UI's ExperimentKind enum (mlflow/server/js: GENAI_DEVELOPMENT = "genai_development",
-# CUSTOM_MODEL_DEVELOPMENT = "custom_model_development": "Machine learning", opens on the runs)
+# The UI's ExperimentKind (mlflow/server/js; "custom_model_development" is "Machine learning"). MLflow
+# 3.17's UI ignores it for the landing view: that follows the browser's "mlflow.workflowType"
+# (localStorage, default "genai") unless the URL says ?workflowType=machine_learning (test_mlflow_ui).
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+UI_QUERY = "workflowType=machine_learning"
 BATCH = 100  # params or tags per log_batch call: MLflow's MAX_PARAMS_TAGS_PER_BATCH
 METRICS_PER_BATCH = 1000  # metrics per log_batch call: MLflow's MAX_METRICS_PER_BATCH
 
@@ -477,6 +478,12 @@ def run_tags(cfg: Any, rule: Any, plugin_files: list[Path]) -> dict[str, Any]:
             h.update(Path(f).read_bytes())
         tags["plugin_source_sha256"] = h.hexdigest()[:16]
     return tags
+
+
+def ui_url(server: str, experiment_id: str, search: str = "") -> str:
+    """The UI address opening ``experiment_id`` on its runs (``UI_QUERY``), ``search`` the run filter."""
+    query = UI_QUERY + (f"&searchFilter={quote(search)}" if search else "")
+    return f"{server.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
 
 
 def _git_sha() -> str:

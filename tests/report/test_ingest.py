@@ -49,8 +49,9 @@ def test_ingest_is_idempotent_and_complete(tmp_path):
     exp = load_experiment(config)
     first = run_cli(ingest_command, "--config", str(config), "--quiet")
     # 4 complete cells x 12 steps + sequence s0's 8 committed steps (rows 9-10 are past its last
-    # checkpoint); 8 eval values per (benchmark, step): 4 cells x 3 steps x 2 + 2 x 2 + base 2 = 30
-    assert "56 new training step(s), 240 new evaluation value(s)" in first.output
+    # checkpoint); 8 eval values per (benchmark, step): 4 cells x 3 steps x 2 + 2 x 2 + base 2 = 30,
+    # and the base model's step 0 again in each of the 5 cells: 10 more (benchmark, step) pairs
+    assert "56 new training step(s), 320 new evaluation value(s)" in first.output
     before = store_contents(exp)
     assert set(before) == {*CELLS, base_id("tiny")}
     row_keys = set(rf.metrics_row(0, 1)) - {"step", "time"}
@@ -59,7 +60,7 @@ def test_ingest_is_idempotent_and_complete(tmp_path):
         assert token[key] == list(range(1, 13)), key
     for bench in rf.BENCHES:
         for k in EVAL_KEYS:
-            assert token[f"eval/{bench}/{k}"] == [4, 8, 12]
+            assert token[f"eval/{bench}/{k}"] == [0, 4, 8, 12]  # step 0: the base model's
             assert before[base_id("tiny")][f"eval/{bench}/{k}"] == [0]
     assert before[rf.cell_id("sequence", 0)]["train/step"] == list(range(1, 9))
 
@@ -72,7 +73,12 @@ def test_ingest_is_idempotent_and_complete(tmp_path):
     client = init_store(tracking_uri(exp))
     runs, _ = find_runs(client, "synth")
     rid = runs[rf.cell_id("token", 1)].info.run_id
+    base = {
+        m.step: m.value
+        for m in client.get_metric_history(runs[base_id("tiny")].info.run_id, "eval/math500/avg_at_4")
+    }
     assert {m.step: m.value for m in client.get_metric_history(rid, "eval/math500/avg_at_4")} == {
+        0: base[0],
         4: 0.20,
         8: 0.20,
         12: 0.20,
@@ -93,7 +99,7 @@ def test_ingest_rebuilds_a_deleted_store(tmp_path):
     before = store_contents(exp)
     shutil.copy(rf.empty_store(), tmp_path / "results" / "mlflow.db")  # a new, empty store
     res = run_cli(ingest_command, "--config", str(config), "--quiet")
-    assert "56 new training step(s), 240 new evaluation value(s)" in res.output
+    assert "56 new training step(s), 320 new evaluation value(s)" in res.output
     assert store_contents(exp) == before
     assert json.loads(marker.read_text())["run_id"] != old_run
 

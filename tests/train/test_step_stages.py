@@ -108,3 +108,7 @@ def test_update_then_record_carry_the_trained_rules_weights():
     # the trained rule's diagnostic PG loss is the loss its update computed (ratio 1: unit loss -sign)
     assert row["agg/token/pg_loss"] == pytest.approx(row["loss/pg"])
     assert math.isfinite(row["agg/balanced/weight_ratio"])
+    # the trained rule's own values under fixed names: token's, not balanced's counterfactual ones
+    for key in ("weight_pos", "weight_neg", "weight_ratio", "pg_loss"):
+        assert row[f"train/{key}"] == row[f"agg/token/{key}"], key
+    assert row["train/weight_ratio"] == pytest.approx(0.5)

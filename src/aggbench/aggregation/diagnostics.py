@@ -148,3 +148,13 @@ def diagnostics(
             if unit_loss is not None:
                 out[f"agg/{name}/pg_loss"] = loss / k
     return out
+
+
+TRAINED_KEYS = ("weight_pos", "weight_neg", "weight_ratio", "pg_loss")
+
+
+def trained_rule(values: dict[str, float], name: str) -> dict[str, float]:
+    """The trained rule's own ``agg/<name>/*`` under fixed names, ``train/<key>`` (``TRAINED_KEYS``),
+    so every cell's run holds them under one name whatever its rule (the chart view and the metric
+    page compare cells by name); ``values``: ``diagnostics``' output for the run's rule ``name``."""
+    return {f"train/{k}": values[f"agg/{name}/{k}"] for k in TRAINED_KEYS if f"agg/{name}/{k}" in values}

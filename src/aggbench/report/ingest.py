@@ -8,7 +8,8 @@ The files under ``results/`` are the source of truth::
     results/base/{model}/eval/step_0/{bench}.metrics.json  the base model, evaluated once per model
 
 ``ingest`` mirrors them into one MLflow run per cell (tag ``aggbench.cell_id``) and one run per
-model for its base evaluation (``{model}__base``), through the same idempotent writers the trainer
+model for its base evaluation (``{model}__base``; its step 0 is also logged into each of the
+model's cells, so their eval curves start at step 0), through the same idempotent writers the trainer
 and the evaluator use (``MlflowRun.sync``; ``MlflowRun.log_step_metrics`` of
 ``metric_names.eval_to_mlflow``, as ``aggbench.evaluation.mlflow`` does), so running it twice, or after
 a live-logging job, stores nothing twice. ``verify`` reads MLflow back and lists every value that is
@@ -75,6 +76,7 @@ class Source:
     kind: str  # "cell" | "base"
     tags: dict[str, str] = field(default_factory=dict)
     total_steps: int = 0
+    base_dir: Path | None = None  # a cell's model's base run: its step 0 is the cell's step 0 too
 
     def rows(self) -> list[dict[str, Any]]:
         return MetricsLog(layout.metrics_file(self.run_dir)).read()
@@ -90,29 +92,41 @@ class Source:
         return 0
 
     def evals(self) -> dict[int, dict[str, dict[str, Any]]]:
-        """{step: {benchmark: metrics.json content}} of every evaluation on disk."""
-        out: dict[int, dict[str, dict[str, Any]]] = {}
-        root = layout.eval_root(self.run_dir)
-        if not root.is_dir():
-            return out
-        for d in sorted(root.iterdir()):
-            step = layout.step_of(d.name)
-            if step is None or not d.is_dir():
-                continue
-            for f in sorted(d.glob(f"*{layout.METRICS_SUFFIX}")):
-                if f.name.startswith("."):
-                    continue
-                try:
-                    content = json.loads(f.read_text())
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{f}: not valid JSON ({exc.msg}); re-run its grade job") from None
-                out.setdefault(step, {})[f.name[: -len(layout.METRICS_SUFFIX)]] = content
+        """{step: {benchmark: metrics.json content}} of every evaluation on disk; a cell without its
+        own step 0 takes its base model's (``base_dir``), so its eval curves start at step 0."""
+        out = _evals_in(self.run_dir)
+        if self.base_dir is not None and 0 not in out:
+            base = _evals_in(self.base_dir).get(0)
+            if base:
+                out = {0: base, **out}
         return out
+
+
+def _evals_in(run_dir: Path) -> dict[int, dict[str, dict[str, Any]]]:
+    """{step: {benchmark: metrics.json content}} under ``run_dir``'s eval folder."""
+    out: dict[int, dict[str, dict[str, Any]]] = {}
+    root = layout.eval_root(run_dir)
+    if not root.is_dir():
+        return out
+    for d in sorted(root.iterdir()):
+        step = layout.step_of(d.name)
+        if step is None or not d.is_dir():
+            continue
+        for f in sorted(d.glob(f"*{layout.METRICS_SUFFIX}")):
+            if f.name.startswith("."):
+                continue
+            try:
+                content = json.loads(f.read_text())
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{f}: not valid JSON ({exc.msg}); re-run its grade job") from None
+            out.setdefault(step, {})[f.name[: -len(layout.METRICS_SUFFIX)]] = content
+    return out
 
 
 def sources(exp: dict) -> list[Source]:
     """Every MLflow run the grid has files for, or should have: cells, then base models."""
     root = results_dir(exp)
+    with_base = exp.get("evaluation", {}).get("base_model", True)
     out = [
         Source(
             c.id,
@@ -127,10 +141,11 @@ def sources(exp: dict) -> list[Source]:
                 "seed": str(c.seed),
             },
             total_steps(exp, c.model),
+            layout.base_dir(root, c.model) if with_base else None,
         )
         for c in cells(exp)
     ]
-    if exp.get("evaluation", {}).get("base_model", True):
+    if with_base:
         for model in exp["models"]:
             tags = {CELL_TAG: base_id(model), KIND_TAG: "base", "model": model}
             out.append(Source(base_id(model), layout.base_dir(root, model), "base", tags, 0))

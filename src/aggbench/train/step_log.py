@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from aggbench.aggregation.diagnostics import diagnostics
+from aggbench.aggregation.diagnostics import diagnostics, trained_rule
 from aggbench.files import atomic_writer
 from aggbench.train import engine_checks
 from aggbench.train.engine_checks import EngineStats
@@ -54,7 +54,8 @@ def record(
     statistics describe the batch trained on (after dynamic sampling's filter); what sampling met
     before the filter is ``accuracy_prefilter`` (the step's own prompts, first round),
     ``groups/sampled`` and ``groups/filtered`` (every round). ``agg/*`` are the weights each
-    mini-batch's update applied (``aggregation.diagnostics``).
+    mini-batch's update applied (``aggregation.diagnostics``), the trained rule's also as
+    ``train/weight_pos`` ... ``train/pg_loss`` (``diagnostics.trained_rule``).
     """
     upd, t_gen, t_upd = totals, timing.generate_s, timing.update_s
     view = upd.view
@@ -90,11 +91,11 @@ def record(
     row["groups/sampled"] = sum(p.sampling.groups_sampled for p in parts)
     row["groups/filtered"] = sum(p.sampling.groups_filtered for p in parts)
     row.update(engine_checks.merge([p.engine for p in parts]))
-    row.update(
-        diagnostics(
-            mask, adv, gids, instances={rule.name: rule}, unit_loss=unit_loss, minibatches=upd.minibatches
-        )
+    agg = diagnostics(
+        mask, adv, gids, instances={rule.name: rule}, unit_loss=unit_loss, minibatches=upd.minibatches
     )
+    row.update(agg)
+    row.update(trained_rule(agg, rule.name))
     return row
 
 
