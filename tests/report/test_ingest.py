@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from aggbench import layout
+from aggbench import layout, metric_names
 from aggbench.cli.report import ingest_command, report_command  # noqa: E402
 from aggbench.evaluation.mlflow import log_eval_metrics
 from aggbench.grid import load_experiment  # noqa: E402
@@ -225,3 +225,26 @@ def test_a_base_evaluation_logged_live_finishes_its_run(tmp_path):
     assert client.get_run(res["run_id"]).data.metrics["eval/math500/avg_at_4"] == 0.1
     res = log_eval_metrics(cell, rf.cell_id("token", 0), 4, metrics, tracking_uri=uri, experiment="e")
     assert client.get_run(res["run_id"]).info.status == "RUNNING"  # a cell's trainer says how it ends
+
+
+def test_a_cells_step_0_copy_is_for_curves_not_for_its_peak(tmp_path):
+    """Ingest copies the base model's step 0 into each cell run (its curves start at 0), but the
+    tables read a rule's checkpoints only: a rule that never beats the base still peaks at a
+    trained step, and the base value stays in the base row."""
+    from aggbench.report.collect import collect
+    from aggbench.report.stats import peak_to_last
+
+    worse = {b: {4: 0.01, 8: 0.03, 12: 0.02} for b in rf.BENCHES}  # every value below rf.BASE
+    config = rf.make_grid(tmp_path, evals={("token", 0): worse})
+    run_cli(ingest_command, "--config", str(config), "--quiet")
+    exp = load_experiment(config)
+    client = init_store(tracking_uri(exp))
+    token_run = find_runs(client, exp["experiment"])[0][rf.cell_id("token", 0)]
+    key = metric_names.mlflow_key("tiny_test", "avg@4")
+    assert rf.raw_counts(client, token_run.info.run_id, [key])[key] == [0, 4, 8, 12]  # the curve's step 0
+    got = collect(exp, client)
+    (token,) = [c for c in got.cells if c.cell.id == rf.cell_id("token", 0)]
+    assert {b: sorted(v) for b, v in token.evals.items()} == {b: [4, 8, 12] for b in rf.BENCHES}
+    assert got.base["tiny"] == pytest.approx(rf.BASE)
+    # peak 0.03 (step 8) minus last 0.02; with step 0 (0.10/0.05) counted it would be 0.075 - 0.02
+    assert peak_to_last(token.evals, list(rf.BENCHES)) == pytest.approx(0.01)

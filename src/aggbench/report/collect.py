@@ -208,10 +208,16 @@ def collect(
         data.rule_version = _trained_version(layout.run_dir(root, c.id), run)
         if run is not None and not data.stale:
             rid = run.info.run_id
-            data.evals = {b: metric_history(client, rid, k) for b, k in keys.items()}
-            data.ci = {b: _ci(client, rid, b) for b in boot}
+            # A cell run's step 0 is the base model's evaluation, copied there by ingest so the
+            # cell's curves start at 0; the tables keep it in the base row, so a rule's peak and
+            # drop are over its trained checkpoints only.
+            data.evals = {b: _trained(metric_history(client, rid, k)) for b, k in keys.items()}
+            data.ci = {b: _trained(_ci(client, rid, b)) for b in boot}
             data.context = {
-                kind: {b: metric_history(client, rid, metric_names.mlflow_key(b, kind)) for b in benchmarks}
+                kind: {
+                    b: _trained(metric_history(client, rid, metric_names.mlflow_key(b, kind)))
+                    for b in benchmarks
+                }
                 for kind in metric_names.CONTEXT_COUNTS
             }
             wanted = [
@@ -235,6 +241,11 @@ def collect(
     base_expected = bool(exp.get("evaluation", {}).get("base_model", True))
     label = metric_label(benchmarks, metric, exp)
     return Collected(exp, label, benchmarks, keys, out, base, base_expected, base_ci)
+
+
+def _trained(by_step: dict[int, Any]) -> dict[int, Any]:
+    """A cell's values at its trained checkpoints (steps > 0)."""
+    return {t: v for t, v in by_step.items() if t > 0}
 
 
 def _ci(client: Any, run_id: str, benchmark: str) -> dict[int, tuple[float, float]]:
