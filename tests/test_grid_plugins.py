@@ -53,9 +53,9 @@ def test_plugin_beside_the_config_is_found_from_another_folder(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
 
-    check = _run(["grid", "check", "--config", str(config)], cwd=work)
+    check = _run(["grid", "check", "--config", str(config), "--format", "json"], cwd=work)
     assert check.returncode == 0, check.stderr
-    assert json.loads(check.stdout)["cells"] == 2, check.stdout
+    assert json.loads(check.stdout)["jobs"]["cells"] == 2, check.stdout
 
     plan = _run(["plan", str(config), "--format", "json"], cwd=work)
     assert plan.returncode == 0, plan.stderr

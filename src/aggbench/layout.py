@@ -56,6 +56,15 @@ def data_file(results: str | Path, dataset: str) -> Path:
     return Path(results) / "data" / f"{dataset}.jsonl"
 
 
+def benchmark_data_dir(results: str | Path) -> Path:
+    """The fetched benchmark data (:mod:`aggbench.data.fetch`): records and their lock.json."""
+    return Path(results) / "data" / "benchmarks"
+
+
+def benchmark_lock(results: str | Path) -> Path:
+    return benchmark_data_dir(results) / "lock.json"
+
+
 def data_filter_file(data: str | Path) -> Path:
     """Beside a prepared data file: the rows ``prepare-data --fit-to`` dropped as too long."""
     return Path(data).with_suffix(".filter.json")

@@ -94,7 +94,7 @@ def test_paper_plan_jobs_equal_the_dry_run_dag(tmp_path):
     stats = job_stats(text)
     total = stats.pop("total")
     assert plan["jobs"]["rules"] == stats
-    assert plan["jobs"]["total"] == total == 681
+    assert plan["jobs"]["total"] == total == 682
     blocks = job_blocks(text)
     assert len(blocks) == total
     # SLURM gets every job but the workflow's local rules and the target rule `all` (no action)
@@ -111,7 +111,7 @@ def test_paper_plan_jobs_equal_the_dry_run_dag(tmp_path):
     # the readable table says the same
     table = CliRunner().invoke(main, ["plan", str(PAPER)])
     assert table.exit_code == 0, table.output
-    assert "SLURM jobs: 663" in table.output and "snakemake -n lists 681" in table.output
+    assert "SLURM jobs: 663" in table.output and "snakemake -n lists 682" in table.output
     for cell in plan["cells"]:
         assert cell["cell"] in table.output
 
@@ -177,7 +177,7 @@ def test_smoke_plan_is_a_cpu_plan_with_the_dag_counts():
     plan = plan_json(SMOKE)
     # by hand, as tests/workflow/test_dryrun.py: 3 cells x 3 segments, each evaluated on one benchmark
     assert plan["jobs"]["rules"] == {
-        "prepare_model": 1, "prepare_data": 1, "experiment_config": 1, "cell_config": 3, "train": 9,
+        "prepare_model": 1, "prepare_data": 1, "fetch_benchmarks": 1, "experiment_config": 1, "cell_config": 3, "train": 9,
         "generate": 9, "grade": 9, "generate_base": 1, "grade_base": 1, "report": 1, "all": 1,
     }  # fmt: skip
     tiny = plan["models"]["tiny"]

@@ -105,11 +105,14 @@ def expected_jobs(
     benchmarks: int = 1,
     base_model: bool = False,
     prepare: bool = True,
+    fetch: bool = True,
 ) -> dict[str, int]:
     """Snakemake's job counts for a one-model, one-dataset grid of this shape: per cell a config,
     ``segments`` train jobs, ``evaluations`` generate jobs and one grade job per benchmark each;
-    the base model's generate and grade jobs; prepare_model/prepare_data unless already done."""
+    the base model's generate and grade jobs; prepare_model/prepare_data unless already done, and
+    fetch_benchmarks unless its lock is already there."""
     counts = {"prepare_model": 1, "prepare_data": 1} if prepare else {}
+    counts |= {"fetch_benchmarks": 1} if fetch else {}
     counts |= {
         "experiment_config": 1,
         "cell_config": cells,

@@ -21,6 +21,7 @@ def test_paper_grid_dry_run_lists_exactly_the_expected_jobs(wf, tmp_path):
     expected = {
         "prepare_model": 2,
         "prepare_data": 2,
+        "fetch_benchmarks": 1,
         "experiment_config": 1,
         "cell_config": cells,
         "train": cells * (300 // 25),
@@ -39,6 +40,7 @@ def test_paper_grid_dry_run_lists_exactly_the_expected_jobs(wf, tmp_path):
     for rule in (
         "prepare_model",
         "prepare_data",
+        "fetch_benchmarks",
         "train",
         "generate",
         "grade",

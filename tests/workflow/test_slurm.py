@@ -20,7 +20,7 @@ import pytest
 
 TIMEOUT_S = 540  # the Snakemake run; it fails rather than hangs
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(TIMEOUT_S + 300)]
-LOCAL_RULES = {"prepare_model", "prepare_data", "experiment_config", "cell_config", "all"}
+LOCAL_RULES = {"prepare_model", "prepare_data", "fetch_benchmarks", "experiment_config", "cell_config", "all"}
 
 
 def _slurm_up() -> str | None:

@@ -71,7 +71,7 @@ ENV = (
     f"PYTHONPATH={shlex.quote(_pythonpath())}${{PYTHONPATH:+:$PYTHONPATH}};"
 )
 # Every non-local job also runs offline: compute nodes often are, and the local rules
-# prepare_model and prepare_data fetched everything from the hub beforehand.
+# prepare_model, prepare_data and fetch_benchmarks fetched everything from the hub beforehand.
 JOB_ENV = f"{ENV} export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1;"
 
 
@@ -169,6 +169,14 @@ def model_dir(model):
 
 def data_file(dataset):
     return str(layout.data_file(R, dataset))
+
+
+def benchmark_data():
+    return str(layout.benchmark_data_dir(R))
+
+
+def benchmark_lock():
+    return str(layout.benchmark_lock(R))
 
 
 def train_markers():

@@ -16,6 +16,7 @@ rule generate:
     input:
         # the segment's marker: the checkpoint itself is edited later by the trainer's retention
         segment_marker("{cell}", "{step}"),
+        benchmark_lock(),
     output:
         _samples(samples_of(run_dir("{cell}"), "{step}")),
     log:
@@ -24,6 +25,7 @@ rule generate:
         checkpoint=lambda wildcards: checkpoint_of(wildcards.cell, wildcards.step),
         out=lambda wildcards: samples_of(run_dir(wildcards.cell), wildcards.step),
         benchmarks=",".join(BENCHMARKS),
+        fetched=benchmark_data(),
         options=lambda wildcards: generate_args(model_of_cell(wildcards)),
     threads: rule_threads("generate", model_of_cell)
     resources:
@@ -31,12 +33,13 @@ rule generate:
     shell:
         "{JOB_ENV} export OMP_NUM_THREADS={threads}; "
         "aggbench generate --checkpoint {params.checkpoint} --benchmarks {params.benchmarks} "
-        "--out {params.out} {params.options} --quiet > {log} 2>&1"
+        "--fetched {params.fetched:q} --out {params.out} {params.options} --quiet > {log} 2>&1"
 
 
 rule generate_base:
     input:
-        model_dir("{model}"),
+        model=model_dir("{model}"),
+        data=benchmark_lock(),
     output:
         _samples(samples_of(base_dir("{model}"), 0)),
     log:
@@ -44,14 +47,15 @@ rule generate_base:
     params:
         out=lambda wildcards: samples_of(base_dir(wildcards.model), 0),
         benchmarks=",".join(BENCHMARKS),
+        fetched=benchmark_data(),
         options=lambda wildcards: generate_args(wildcards.model),
     threads: rule_threads("generate_base", model_of_wildcard)
     resources:
         **rule_resources("generate_base", model_of_wildcard),
     shell:
         "{JOB_ENV} export OMP_NUM_THREADS={threads}; "
-        "aggbench generate --checkpoint {input} --benchmarks {params.benchmarks} "
-        "--out {params.out} {params.options} --quiet > {log} 2>&1"
+        "aggbench generate --checkpoint {input.model} --benchmarks {params.benchmarks} "
+        "--fetched {params.fetched:q} --out {params.out} {params.options} --quiet > {log} 2>&1"
 
 
 rule grade:

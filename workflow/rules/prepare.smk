@@ -5,6 +5,7 @@
 localrules:
     prepare_model,
     prepare_data,
+    fetch_benchmarks,
     experiment_config,
     cell_config,
 
@@ -42,6 +43,23 @@ rule prepare_data:
         ),
     shell:
         "{ENV} aggbench prepare-data {params.spec:q} --out {output} {params.limit} > {log} 2>&1"
+
+
+rule fetch_benchmarks:
+    """Every benchmark of the grid at its pinned revision, with each file's sha256 in lock.json.
+
+    The generate jobs read only this copy (`aggbench generate --fetched`), checked against the lock;
+    a later run checks the files instead of fetching them again (`aggbench data fetch`).
+    """
+    output:
+        benchmark_lock(),
+    log:
+        f"{R}/logs/fetch_benchmarks.log",
+    params:
+        benchmarks=",".join(BENCHMARKS),
+        out=benchmark_data(),
+    shell:
+        "{ENV} aggbench data fetch --benchmarks {params.benchmarks} --out {params.out:q} > {log} 2>&1"
 
 
 rule experiment_config:

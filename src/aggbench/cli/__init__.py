@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "aggbench.cli.grid:prepare_data_command",
         "Write a training dataset as canonical JSONL.",
     ),
+    "data": (
+        "aggbench.cli.data",
+        "Fetch benchmark data for offline compute nodes (sha256-locked).",
+    ),
     "ingest": ("aggbench.cli.report:ingest_command", "Put run files into MLflow (idempotent)."),
     "report": ("aggbench.cli.report:report_command", "Peak and last-step tables and plots from MLflow."),
     "crosscheck": ("aggbench.cli.crosscheck", "Cross-check generations and verdicts with lm-eval."),

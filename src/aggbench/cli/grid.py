@@ -23,12 +23,43 @@ def command() -> None:
 
 @command.command("check")
 @click.option("--config", required=True, type=click.Path(dir_okay=False))
-def check(config: str) -> None:
-    """Validate the config (schema, rules, benchmarks, datasets, model paths) and print job counts."""
-    from aggbench.grid import job_counts
+@click.option(
+    "--profile",
+    default=None,
+    help="The Snakemake profile the grid will run under (slurm: a cluster) [a cluster when GPUs are requested].",
+)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def check(config: str, profile: str | None, fmt: str) -> None:
+    """Validate the config (schema, rules, benchmarks, datasets, model paths), print the job counts
+    and what is not ready yet; the last line is OK, or the problems and exit status 1.
 
-    exp = _load(config)
-    click.echo(json.dumps(job_counts(exp), indent=2))
+    Config faults are errors. Warnings (the grid still passes): a null tracking_uri on a cluster,
+    benchmarks without fetched data, models without a prepared directory.
+    """
+    from aggbench.grid import job_counts, readiness_warnings, requests_gpus
+    from aggbench.plan.estimate import grid_jobs
+
+    try:
+        exp = _load(config)
+    except click.ClickException as exc:
+        click.echo(f"Error: {exc.message}", err=True)
+        click.echo(f"NOT OK: {config} has the problems above; fix them and check again", err=True)
+        raise SystemExit(1) from None
+    cluster = requests_gpus(exp) if profile is None else profile not in ("default", "profiles/default")
+    warnings = readiness_warnings(exp, cluster=cluster, config=config)
+    counts, jobs = job_counts(exp), grid_jobs(exp)
+    if fmt == "json":
+        click.echo(json.dumps({"ok": True, "jobs": counts, "warnings": warnings}, indent=2))
+        return
+    click.echo(
+        f"{config}: {counts['cells']} cells, {jobs['total']} jobs ({jobs['slurm']} submitted, "
+        f"{jobs['local']} local)"
+    )
+    click.echo("  " + ", ".join(f"{rule} {n}" for rule, n in jobs["rules"].items()))
+    for warning in warnings:
+        click.echo(f"warning: {warning}")
+    note = f" ({len(warnings)} warning{'s' if len(warnings) != 1 else ''} above)" if warnings else ""
+    click.echo(f"OK: {config} is a valid grid{note}")
 
 
 @command.command("cells")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import pickle
 import re
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import date, datetime, time
 from pathlib import Path
 from typing import Any, Literal
@@ -48,7 +48,7 @@ from aggbench.data.sources import (
     available_names,
     config_dirs,
 )
-from aggbench.data.spec import DataSpec, load_spec
+from aggbench.data.spec import DataSpec, SpecRows, load_spec
 from aggbench.graders import get_grader
 from aggbench.metric_names import parse as parse_metric
 
@@ -189,27 +189,58 @@ class BenchmarkRecords(list):
 
 
 def load_benchmark(
-    spec: BenchmarkSpec | str | Path, *, data_dir: str | Path | None = None, limit: int | None = None
+    spec: BenchmarkSpec | str | Path,
+    *,
+    data_dir: str | Path | None = None,
+    limit: int | None = None,
+    fetched: str | Path | None = None,
 ) -> BenchmarkRecords:
-    """Canonical records of one benchmark (offline file if present under the data dir, else the hub)."""
+    """Canonical records of one benchmark, its date window applied, the first ``limit``.
+
+    ``fetched``: a fetched copy (:mod:`aggbench.data.fetch`), the only source read then (checked
+    against its lock); else the offline file under the data dir if present, else the hub or URL.
+    """
     if not isinstance(spec, BenchmarkSpec):
         spec = load_benchmark_spec(spec)
+    if fetched is not None and spec.builtin is None:
+        from aggbench.data.fetch import read_fetched
+
+        rows, source = read_fetched(spec, fetched)
+        records: Iterable[dict[str, Any]] = iter(rows)
+    elif spec.evalplus is not None:
+        records, source = iter_records(spec)
+    else:  # open_rows called here, so its warnings point at this function's caller
+        opened = spec.open_rows(resolve_data_dir(data_dir), join=spec.offline_join)
+        records, source = _canonical(spec, opened), opened.source
+    out = []
+    for record in records:
+        if spec.date_window and not spec.date_window.contains(datetime.fromisoformat(record["date"])):
+            continue
+        out.append(record)
+        if limit is not None and len(out) >= limit:
+            break
+    return BenchmarkRecords(out, spec=spec, source=source)
+
+
+def iter_records(
+    spec: BenchmarkSpec, data_dir: str | Path | None = None
+) -> tuple[Iterable[dict[str, Any]], str]:
+    """Every canonical record of ``spec`` (no date window) from its first available source, and
+    that source's name; records are mapped as they are read."""
     if spec.evalplus is not None:
         from aggbench.data.evalplus_source import load_records
 
-        records, source = load_records(spec.evalplus, name=spec.name)
-        return BenchmarkRecords(records[:limit] if limit is not None else records, spec=spec, source=source)
-    rows, source, fields, offline = spec.open_rows(resolve_data_dir(data_dir), join=spec.offline_join)
-    public_only = offline and spec.offline_public_tests_only
-    records = []
-    for index, (where, line, row) in enumerate(rows):
-        record = to_record(spec, fields, row, index=index, where=where, line=line, public_only=public_only)
-        if spec.date_window and not spec.date_window.contains(datetime.fromisoformat(record["date"])):
-            continue
-        records.append(record)
-        if limit is not None and len(records) >= limit:
-            break
-    return BenchmarkRecords(records, spec=spec, source=source)
+        return load_records(spec.evalplus, name=spec.name)
+    opened = spec.open_rows(resolve_data_dir(data_dir), join=spec.offline_join)
+    return _canonical(spec, opened), opened.source
+
+
+def _canonical(spec: BenchmarkSpec, opened: SpecRows) -> Iterator[dict[str, Any]]:
+    public_only = opened.offline and spec.offline_public_tests_only
+    for index, (where, line, row) in enumerate(opened.rows):
+        yield to_record(
+            spec, opened.fields, row, index=index, where=where, line=line, public_only=public_only
+        )
 
 
 def to_record(

@@ -244,7 +244,10 @@ def generate_benchmarks(
         raise EvaluationError("give at least one benchmark (--benchmarks A,B,...)")
     # Everything that can fail on bad input fails before the (slow) model load.
     specs = [load_benchmark_spec(b) for b in benchmarks]
-    records = [load_benchmark(s, data_dir=options.data_dir, limit=options.limit) for s in specs]
+    records = [
+        load_benchmark(s, data_dir=options.data_dir, limit=options.limit, fetched=options.fetched)
+        for s in specs
+    ]
     for spec, recs in zip(specs, records, strict=True):
         if not recs:
             raise EvaluationError(f"benchmark {spec.name}: no records (source {recs.source})")
@@ -285,7 +288,7 @@ def generate_benchmarks(
         "model_loads": MODEL_LOADS - loads_before,
         "model_load_s": round(load_s, 3),
         "total_s": round(time.perf_counter() - t_start, 3),
-        "options": {k: v for k, v in asdict(options).items() if k not in ("progress", "data_dir")},
+        "options": {k: v for k, v in asdict(options).items() if k not in ("progress", "data_dir", "fetched")},
         "benchmarks": summary,
         "versions": _versions(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -92,6 +92,13 @@ class GenerateOptions:
     data_dir: str | None = _flag(
         None, "--data-dir", "Offline benchmark files [$AGGBENCH_DATA_DIR].", directory=True
     )
+    fetched: str | None = _flag(
+        None,
+        "--fetched",
+        "A fetched copy of the benchmarks (aggbench data fetch): the only data read, checked "
+        "against its lock.json; the generate rules pass {results}/data/benchmarks.",
+        directory=True,
+    )
     progress: bool = True
     tensor_parallel_size: int = _flag(
         1,

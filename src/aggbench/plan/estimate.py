@@ -71,7 +71,7 @@ SOURCES: dict[str, str] = {
 # (../shared/data, see its PROVENANCE.md), which agree with the specs' descriptions.
 KNOWN_PROBLEMS = {"math500": 500, "aime24": 30, "aime25": 30, "minerva": 272, "olympiadbench": 675,
                   "livecodebench": 279}  # fmt: skip
-LOCAL_RULES = ("prepare_model", "prepare_data", "experiment_config", "cell_config", "all")
+LOCAL_RULES = ("prepare_model", "prepare_data", "fetch_benchmarks", "experiment_config", "cell_config", "all")
 SLURM_RULES = ("train", "generate", "grade", "generate_base", "grade_base", "report")
 
 
@@ -412,8 +412,8 @@ def grid_jobs(exp: dict) -> dict[str, Any]:
     """Jobs per rule as the Snakefile's DAG schedules them from scratch (grid.job_counts plus the
     rules it leaves out), split into SLURM-submitted and local rules."""
     j = job_counts(exp)
-    rules = {k: j[k] for k in ("prepare_model", "prepare_data", "train", "generate", "grade",
-                               "generate_base", "grade_base")}  # fmt: skip
+    rules = {k: j[k] for k in ("prepare_model", "prepare_data", "fetch_benchmarks", "train", "generate",
+                               "grade", "generate_base", "grade_base")}  # fmt: skip
     rules.update(experiment_config=1, cell_config=j["cells"], report=1, all=1)
     return {
         "rules": rules,
