@@ -52,3 +52,32 @@ def test_the_ui_url_opens_the_experiment_on_its_runs(tmp_path):
     query = parse_qs(fragment.query)
     assert query["workflowType"] == ["machine_learning"]
     assert query["searchFilter"] == ["params.aggregation = 'token'"]
+
+
+def test_ingest_and_report_print_the_address_that_opens_the_runs(tmp_path):
+    """The last line of `aggbench ingest` and of `aggbench report` is the `mlflow ui` command and the
+    ui_url of the grid's own experiment (its id read from the store, not assumed)."""
+    from click.testing import CliRunner
+
+    from aggbench.cli.report import ingest_command, report_command
+    from aggbench.grid import load_experiment
+    from aggbench.report.ingest import tracking_uri
+    from helpers import report_fixtures as rf
+
+    config = rf.make_grid(tmp_path)
+    uri = tracking_uri(load_experiment(config))
+    runner = CliRunner()
+    ingested = runner.invoke(ingest_command, ["--config", str(config), "--quiet"], catch_exceptions=False)
+    reported = runner.invoke(
+        report_command,
+        ["--config", str(config), "--out", str(tmp_path / "t"), "--no-plots"],
+        catch_exceptions=False,
+    )
+    experiment_id = mlflow.MlflowClient(tracking_uri=uri).get_experiment_by_name("synth").experiment_id
+    want = f"MLflow UI: mlflow ui --backend-store-uri {uri}  then open " + ui_url(
+        "http://127.0.0.1:5000", experiment_id
+    )
+    for res in (ingested, reported):
+        assert res.exit_code == 0, res.output
+        assert res.stdout.strip().splitlines()[-1] == want
+    assert want.endswith(f"/#/experiments/{experiment_id}/runs?{UI_QUERY}")

@@ -2,6 +2,10 @@
 report's ``@n`` form (n = the benchmark's samples per problem), and their MLflow keys
 ``eval/{benchmark}/{name}`` with ``@`` spelled ``_at_`` (MLflow refuses ``@``).
 
+Units: a benchmark's ``metrics.json`` holds proportions as fractions (0.734); MLflow holds them in
+percent (73.4), as the tables and plots print them (:data:`PERCENT_NAMES`, :func:`in_mlflow_units`),
+so a curve in the UI reads like the table beside it. Lengths and counts are the same in both.
+
 Benchmark specs (data/), scoring and metrics (evaluation/) and the report all parse names here.
 What one checkpoint's evaluation puts in its MLflow run (``eval_to_mlflow``) is decided here too: the
 evaluator logs it (``aggbench.evaluation.mlflow``), ``aggbench ingest`` replays it from the files
@@ -19,6 +23,8 @@ KINDS = ("avg", "pass", "maj")
 # the context policy's per-benchmark counts (aggbench.evaluation.context): prompts longer than the
 # model's context (not generated, graded wrong) and responses whose max_tokens the context cut short
 CONTEXT_COUNTS = ("not_generated", "context_capped")
+# besides every avg@k/pass@k/maj@k: the proportions a metrics.json holds, logged to MLflow in percent
+PERCENT_NAMES = ("ci_low", "ci_high", "truncation_rate")
 _METRIC = re.compile(r"^(avg|pass|maj)@([1-9][0-9]*)$")
 _REPORT_METRIC = re.compile(r"^(avg|pass|maj)@(n|[1-9][0-9]*)$")
 
@@ -48,13 +54,24 @@ def from_mlflow(key: str, benchmark: str) -> str:
     return key[len(mlflow_prefix(benchmark)) :].replace("_at_", "@")
 
 
+def in_mlflow_units(name: str, value: Any) -> float:
+    """A metrics.json value as MLflow holds it: proportions (kind@k, :data:`PERCENT_NAMES`) in
+    percent, the rest as they are."""
+    return 100.0 * float(value) if parse(name) or name in PERCENT_NAMES else float(value)
+
+
 def eval_metric_values(benchmark: str, metrics: Mapping[str, Any]) -> dict[str, float]:
     """The MLflow metrics of one benchmark's ``metrics.json`` content: every avg@/pass@/maj@ value
-    (``metrics["metrics"]`` lists them), the CI of avg@n, lengths and the context counts."""
-    out = {mlflow_key(benchmark, m): float(metrics[m]) for m in metrics.get("metrics", []) if m in metrics}
+    (``metrics["metrics"]`` lists them), the CI of avg@n and the truncation rate, all in percent;
+    the mean length and the context counts as they are."""
+    out = {
+        mlflow_key(benchmark, m): in_mlflow_units(m, metrics[m])
+        for m in metrics.get("metrics", [])
+        if m in metrics
+    }
     for name in ("ci_low", "ci_high", "mean_length", "truncation_rate", *CONTEXT_COUNTS):
         if metrics.get(name) is not None:
-            out[mlflow_key(benchmark, name)] = float(metrics[name])
+            out[mlflow_key(benchmark, name)] = in_mlflow_units(name, metrics[name])
     return out
 
 

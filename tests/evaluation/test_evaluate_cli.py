@@ -122,8 +122,9 @@ def test_log_eval_metrics_skips_keys_already_at_the_step(store, tmp_path):
     assert sorted(res["logged"]) == ["eval/livecodebench/avg_at_1", "eval/livecodebench/pass_at_1"]
     client = MlflowClient(store)
     run_id = res["run_id"]
-    assert [m.value for m in client.get_metric_history(run_id, "eval/math500/avg_at_4")] == [0.25]
-    assert metric_history(client, run_id, "eval/livecodebench/pass_at_1") == {5: 0.5}
+    # percent, as the tables print it (the metrics.json holds 0.25 and 0.5)
+    assert [m.value for m in client.get_metric_history(run_id, "eval/math500/avg_at_4")] == [25.0]
+    assert metric_history(client, run_id, "eval/livecodebench/pass_at_1") == {5: 50.0}
     assert client.get_run(run_id).data.tags["eval/livecodebench/notes"] == "public tests only"
 
 

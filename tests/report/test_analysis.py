@@ -38,7 +38,8 @@ from helpers import report_fixtures as rf
 
 @pytest.fixture(scope="module")
 def grid_files(tmp_path_factory):
-    """(Collected as MLflow would give it, results dir) of the synthetic grid."""
+    """(Collected as MLflow would give it, results dir) of the synthetic grid: evaluations in
+    percent, MLflow's unit (the fixture's EVALS are metrics.json fractions)."""
     config = rf.make_grid(tmp_path_factory.mktemp("analysis"), store=False)
     exp = grid.load_experiment(config)
     cells = []
@@ -46,12 +47,17 @@ def grid_files(tmp_path_factory):
         key = (c.aggregation, c.seed)
         have = key in rf.EVALS
         committed = rf.PROGRESS[key][1][-1] if have else 0
-        data = CellData(c, "run" if have else None, have, rf.TOTAL, [4, 8, 12], evals=rf.EVALS.get(key, {}))
+        data = CellData(c, "run" if have else None, have, rf.TOTAL, [4, 8, 12], evals=_percent(rf.EVALS.get(key, {})))
         data.train = {SENTINEL: {committed: 1.0}} if have else {}
         cells.append(data)
     keys = {b: metric_key(b, "avg@n", exp) for b in rf.BENCHES}
-    col = Collected(exp, "avg@4", list(rf.BENCHES), keys, cells, {rf.MODEL: dict(rf.BASE)}, True)
+    base = {b: 100.0 * v for b, v in rf.BASE.items()}
+    col = Collected(exp, "avg@4", list(rf.BENCHES), keys, cells, {rf.MODEL: base}, True)
     return col, grid.results_dir(exp)
+
+
+def _percent(evals: dict) -> dict:
+    return {b: {t: 100.0 * v for t, v in by_step.items()} for b, by_step in evals.items()}
 
 
 def _cell_mean(key: str, rule: str, seed: int, steps) -> float:

@@ -79,9 +79,9 @@ def test_ingest_is_idempotent_and_complete(tmp_path):
     }
     assert {m.step: m.value for m in client.get_metric_history(rid, "eval/math500/avg_at_4")} == {
         0: base[0],
-        4: 0.20,
-        8: 0.20,
-        12: 0.20,
+        4: 20.0,  # percent in MLflow; the metrics.json holds 0.20
+        8: 20.0,
+        12: 20.0,
     }
     ratio = {m.step: m.value for m in client.get_metric_history(rid, "agg/token/weight_ratio")}
     # step 4, rule token (j = 0): weight_pos = 0.4 + 0.01 * (4 % 5), weight_neg = 0.6 - 0.01 * (4 % 3)
@@ -163,7 +163,7 @@ def test_report_detects_mismatch_between_files_and_mlflow(tmp_path):
     )
     assert (
         f"{rf.cell_id('balanced', 1)}: 6 values differ between the files and MLflow at step(s) 8 "
-        "(eval/tiny_test/avg_at_4 @ 8: 0.65 vs 0.6;" in (res.output)
+        "(eval/tiny_test/avg_at_4 @ 8: 65.0 vs 60.0;" in (res.output)
     )
     assert not out.exists(), "a failed check must not leave tables behind"
 
@@ -222,7 +222,7 @@ def test_a_base_evaluation_logged_live_finishes_its_run(tmp_path):
     res = log_eval_metrics(base, base_id("tiny"), 0, metrics, tracking_uri=uri, experiment="e", finish=True)
     client = init_store(uri)
     assert client.get_run(res["run_id"]).info.status == "FINISHED"
-    assert client.get_run(res["run_id"]).data.metrics["eval/math500/avg_at_4"] == 0.1
+    assert client.get_run(res["run_id"]).data.metrics["eval/math500/avg_at_4"] == 10.0  # percent
     res = log_eval_metrics(cell, rf.cell_id("token", 0), 4, metrics, tracking_uri=uri, experiment="e")
     assert client.get_run(res["run_id"]).info.status == "RUNNING"  # a cell's trainer says how it ends
 
@@ -245,6 +245,6 @@ def test_a_cells_step_0_copy_is_for_curves_not_for_its_peak(tmp_path):
     got = collect(exp, client)
     (token,) = [c for c in got.cells if c.cell.id == rf.cell_id("token", 0)]
     assert {b: sorted(v) for b, v in token.evals.items()} == {b: [4, 8, 12] for b in rf.BENCHES}
-    assert got.base["tiny"] == pytest.approx(rf.BASE)
-    # peak 0.03 (step 8) minus last 0.02; with step 0 (0.10/0.05) counted it would be 0.075 - 0.02
-    assert peak_to_last(token.evals, list(rf.BENCHES)) == pytest.approx(0.01)
+    assert got.base["tiny"] == pytest.approx({b: 100.0 * v for b, v in rf.BASE.items()})  # percent
+    # peak 3% (step 8) minus last 2%; with step 0 (10%/5%) counted it would be 7.5 - 2 points
+    assert peak_to_last(token.evals, list(rf.BENCHES)) == pytest.approx(1.0)

@@ -147,8 +147,8 @@ def test_tidy_values_csv_holds_every_value_read(reported):
     for (rule, seed), by_bench in rf.EVALS.items():
         for bench, by_step in by_bench.items():
             for step, value in by_step.items():
-                assert got[(rf.cell_id(rule, seed), bench, step)] == value
-    assert got[("tiny__base", "math500", 0)] == rf.BASE["math500"]
+                assert got[(rf.cell_id(rule, seed), bench, step)] == 100.0 * value  # percent
+    assert got[("tiny__base", "math500", 0)] == 100.0 * rf.BASE["math500"]
 
 
 def test_reported_deltas_in_csv(reported):

@@ -84,7 +84,7 @@ def test_new_variant_schedules_only_its_cells_and_imports_in_jobs(wf, tmp_path, 
     )
     counts = wf.job_counts(proc.stdout)
     # model and data are prepared already: the new cell's config, one segment, one evaluation
-    assert counts == wf.expected_jobs(cells=1, segments=1, evaluations=1, prepare=False), counts
+    assert counts == wf.expected_jobs(cells=1, segments=1, evaluations=1, prepare=False, fetch=False), counts
 
     # ---- run it: the new cell's jobs import the plugin (cwd = work, plugin beside the config, not
     # on the caller's PYTHONPATH) and train with its rule; the old cell is left alone; a new row

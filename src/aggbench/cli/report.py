@@ -43,6 +43,23 @@ def _load(config: Path) -> dict:
         return load_experiment(config)
 
 
+def ui_hint(uri: str, experiment: str) -> str:
+    """Where to look at the runs: the address that opens the experiment on its runs table
+    (``tracking.ui_url``; the plain experiment address opens MLflow 3.17's GenAI overview), and for
+    a local store the ``mlflow ui`` command that serves it first."""
+    from aggbench.tracking import init_store, ui_url
+
+    found = init_store(uri).get_experiment_by_name(experiment)
+    if found is None:
+        return f"MLflow UI: experiment {experiment!r} is not in {uri} yet"
+    if uri.startswith(("http://", "https://")):
+        return f"MLflow UI: {ui_url(uri, found.experiment_id)}"
+    return (
+        f"MLflow UI: mlflow ui --backend-store-uri {uri}  then open "
+        f"{ui_url('http://127.0.0.1:5000', found.experiment_id)}"
+    )
+
+
 def _metric(value: str) -> str:
     """--metric checked as click parses it: a typo fails before the config or MLflow is read."""
     from aggbench.report.collect import check_metric_name
@@ -85,6 +102,7 @@ def ingest_command(config: Path, cell_ids: tuple[str, ...], quiet: bool) -> None
         f"ingested {len(done)} run(s) into {tracking_uri(exp)} (experiment {exp['experiment']}): "
         f"{steps} new training step(s), {evals} new evaluation value(s)"
     )
+    click.echo(ui_hint(tracking_uri(exp), exp["experiment"]))
 
 
 @click.command("report")
@@ -150,6 +168,7 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
     for p in [*paths, *plots]:
         click.echo(str(p))
     click.echo(f"summary MLflow run {run_id} ({exp['experiment']}__summary)")
+    click.echo(ui_hint(uri, exp["experiment"]))
     flagged = sorted({n for t in tables["last"] for n in t.notes})
     if flagged:
         click.echo(f"{len(flagged)} row note(s) (missing or unfinished cells), see the footnotes", err=True)

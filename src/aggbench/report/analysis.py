@@ -211,8 +211,8 @@ def cross_cell_points(
                 model,
                 dataset,
                 {k: _mean_x(train, k) for k in X_KEYS},
-                100.0 * (ys[0][0] - ys[1][0]),
-                100.0 * (ys[0][1] - ys[1][1]),
+                ys[0][0] - ys[1][0],  # points: the evaluations are in percent
+                ys[0][1] - ys[1][1],
                 (ys[0][2], ys[1][2]),
                 notes,
             )

@@ -21,7 +21,8 @@ TRAIN_KEYS = ("loss/pg", "len/pos_mean", "len/neg_mean", "len/gap", "accuracy", 
 
 @dataclass
 class CellData:
-    """One cell's MLflow data. evals: {benchmark: {step: fraction}}; train: {key: {step: value}}."""
+    """One cell's MLflow data. evals: {benchmark: {step: percent}} (MLflow's unit for proportions,
+    ``metric_names.in_mlflow_units``); train: {key: {step: value}}."""
 
     cell: Cell
     run_id: str | None
@@ -36,7 +37,7 @@ class CellData:
     # {benchmark: {step: n}}}
     context: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     # the evaluation's bootstrap interval of the tabulated metric, where it has one (avg@n):
-    # {benchmark: {step: (low, high)}} as fractions; shown when a row has one seed
+    # {benchmark: {step: (low, high)}} in percent; shown when a row has one seed
     ci: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
 
     @property
@@ -85,7 +86,7 @@ class Collected:
     benchmarks: list[str]
     keys: dict[str, str]  # benchmark -> MLflow key of the tabulated metric
     cells: list[CellData]
-    base: dict[str, dict[str, float]]  # model -> benchmark -> fraction at step 0
+    base: dict[str, dict[str, float]]  # model -> benchmark -> percent at step 0
     base_expected: bool
     base_ci: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)  # as ``base``
 

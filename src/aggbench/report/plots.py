@@ -42,15 +42,14 @@ def seed_curve(histories: Sequence[Mapping[int, float]]) -> tuple[list[int], lis
     return steps, mean, std
 
 
-def _line(ax: Any, histories: Sequence[Mapping[int, float]], *, scale: float = 1.0, **kw: Any) -> None:
+def _line(ax: Any, histories: Sequence[Mapping[int, float]], **kw: Any) -> None:
     steps, mean, std = seed_curve(histories)
     if not steps:
         return
-    mean = [m * scale for m in mean]
     (line,) = ax.plot(steps, mean, marker="o" if len(steps) <= 30 else None, markersize=3, **kw)
     if any(std):
-        lo = [m - s * scale for m, s in zip(mean, std, strict=True)]
-        hi = [m + s * scale for m, s in zip(mean, std, strict=True)]
+        lo = [m - s for m, s in zip(mean, std, strict=True)]
+        hi = [m + s for m, s in zip(mean, std, strict=True)]
         ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.15, linewidth=0)
 
 
@@ -90,9 +89,9 @@ def plot_block(col: Collected, model: str, dataset: str, out_dir: Path) -> list[
     for ax, b in zip(axes.flat, benches, strict=False):
         for rule, cells_ in groups.items():
             hists = [{**({0: base[b]} if b in base else {}), **c.evals.get(b, {})} for c in cells_]
-            _line(ax, hists, scale=100.0, label=rule, color=colors[rule])
+            _line(ax, hists, label=rule, color=colors[rule])  # percent, as MLflow holds them
         if b in base:
-            ax.plot([0], [100.0 * base[b]], "k*", markersize=9, label="base (step 0)")
+            ax.plot([0], [base[b]], "k*", markersize=9, label="base (step 0)")
         ax.set_title(b)
         ax.set_xlabel("training step")
         ax.set_ylabel(col.keys[b].rsplit("/", 1)[-1].replace("_at_", "@") + " (%)")

@@ -173,7 +173,7 @@ def write_tables(
     tables: Mapping[str, Sequence[Table]], out_dir: Path, experiment: str, col: Collected | None = None
 ) -> list[Path]:
     """``{peak,last}.{md,csv,tex}`` under out_dir, and ``values.csv`` (``col.tidy()``: every value
-    the tables were made from, as fractions) when ``col`` is given; atomic writes; returns the paths."""
+    the tables were made from, in percent) when ``col`` is given; atomic writes; returns the paths."""
     from aggbench.files import write_atomic
 
     headings = {"peak": f"Peak tables: {experiment}", "last": f"Last-step tables: {experiment}"}

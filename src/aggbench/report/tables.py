@@ -25,7 +25,7 @@ paper's numbers; each value then shows its delta (ours - reported, in points).
 Files: ``peak.{md,csv,tex}`` hold the two peak tables of every block, ``last.{md,csv,tex}`` the
 last-step table of every block; their CSV is long (one line per row x column), for scripts.
 ``values.csv`` is the tidy table everything is computed from: one line per (cell, benchmark, step)
-with the value read from MLflow (a fraction), base models at step 0.
+with the value read from MLflow (percent, as every table), base models at step 0.
 
 This module assembles the tables; reading MLflow lives in ``aggbench.report.collect`` and the
 Markdown/CSV/LaTeX rendering in ``aggbench.report.render``.
@@ -98,19 +98,19 @@ class Table:
         return f"{self.model} / {self.dataset}: {DEFINITIONS[self.definition]}"
 
 
-def _entry(fractions: Sequence[float], step: int | None, boot: tuple[float, float] | None = None) -> Entry:
-    """Mean (percent) of per-seed fractions; the t interval over them when there are two or more,
-    else ``boot`` (the one seed's bootstrap bounds, fractions) when given."""
-    if not fractions:
+def _entry(percents: Sequence[float], step: int | None, boot: tuple[float, float] | None = None) -> Entry:
+    """Mean of per-seed values (percent, as MLflow holds them); the t interval over them when there
+    are two or more, else ``boot`` (the one seed's bootstrap bounds, percent) when given."""
+    if not percents:
         return Entry(step=step)
-    pct = [100.0 * v for v in fractions]
+    pct = list(percents)
     e = Entry(statistics.fmean(pct), None, len(pct), step)
     if len(pct) > 1:
         e.std = statistics.stdev(pct)
         e.low, e.high = t_interval(pct)
         e.interval = "t"
     elif boot is not None:
-        e.low, e.high, e.interval = 100.0 * boot[0], 100.0 * boot[1], "bootstrap"
+        e.low, e.high, e.interval = boot[0], boot[1], "bootstrap"
     return e
 
 
