@@ -35,6 +35,7 @@ INPUT_ERRORS: dict[str, type[Exception]] = {
     "DataError": ValueError,
     "SpecError": ValueError,
     "DataUnavailableError": RuntimeError,
+    "FetchedDataError": RuntimeError,
     "EvaluationError": ValueError,
     "EvalPlusError": ValueError,
     "BatchInputError": ValueError,
