@@ -346,10 +346,10 @@ def job_counts(exp: dict) -> dict[str, int]:
     }
 
 
-def requests_gpus(exp: dict) -> bool:
-    """Whether any rule of the grid asks for a GPU (then it is meant for a cluster)."""
-    sections = ("train", "generate", "generate_base")
-    return any(resource(exp, s, m, "gpus") for m in [None, *exp["models"]] for s in sections)
+def requests_gpus(exp: dict, sections: tuple[str, ...] = ("train", "generate", "generate_base")) -> bool:
+    """Whether any model's job of these rule sections asks for a GPU (then the grid is meant for a
+    cluster); each model's value already falls back to the config's."""
+    return any(resource(exp, s, m, "gpus") for m in exp["models"] for s in sections)
 
 
 def readiness_warnings(exp: dict, *, cluster: bool, config: str = "CONFIG") -> list[str]:

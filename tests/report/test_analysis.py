@@ -47,7 +47,9 @@ def grid_files(tmp_path_factory):
         key = (c.aggregation, c.seed)
         have = key in rf.EVALS
         committed = rf.PROGRESS[key][1][-1] if have else 0
-        data = CellData(c, "run" if have else None, have, rf.TOTAL, [4, 8, 12], evals=_percent(rf.EVALS.get(key, {})))
+        data = CellData(
+            c, "run" if have else None, have, rf.TOTAL, [4, 8, 12], evals=_percent(rf.EVALS.get(key, {}))
+        )
         data.train = {SENTINEL: {committed: 1.0}} if have else {}
         cells.append(data)
     keys = {b: metric_key(b, "avg@n", exp) for b in rf.BENCHES}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -43,13 +44,13 @@ def _load(config: Path) -> dict:
         return load_experiment(config)
 
 
-def ui_hint(uri: str, experiment: str) -> str:
+def ui_hint(client: Any, uri: str, experiment: str) -> str:
     """Where to look at the runs: the address that opens the experiment on its runs table
     (``tracking.ui_url``; the plain experiment address opens MLflow 3.17's GenAI overview), and for
-    a local store the ``mlflow ui`` command that serves it first."""
-    from aggbench.tracking import init_store, ui_url
+    a local store the ``mlflow ui`` command that serves it first. ``client``: the store at ``uri``."""
+    from aggbench.tracking import ui_url
 
-    found = init_store(uri).get_experiment_by_name(experiment)
+    found = client.get_experiment_by_name(experiment)
     if found is None:
         return f"MLflow UI: experiment {experiment!r} is not in {uri} yet"
     if uri.startswith(("http://", "https://")):
@@ -92,6 +93,7 @@ def ingest_command(config: Path, cell_ids: tuple[str, ...], quiet: bool) -> None
     metrics.json at its step. Rerunning it, or running it after live logging, stores nothing twice.
     """
     from aggbench.report.ingest import ingest, tracking_uri
+    from aggbench.tracking import init_store
 
     exp = _load(config)
     with click_error(ValueError):
@@ -102,7 +104,8 @@ def ingest_command(config: Path, cell_ids: tuple[str, ...], quiet: bool) -> None
         f"ingested {len(done)} run(s) into {tracking_uri(exp)} (experiment {exp['experiment']}): "
         f"{steps} new training step(s), {evals} new evaluation value(s)"
     )
-    click.echo(ui_hint(tracking_uri(exp), exp["experiment"]))
+    uri = tracking_uri(exp)
+    click.echo(ui_hint(init_store(uri), uri, exp["experiment"]))
 
 
 @click.command("report")
@@ -168,7 +171,7 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
     for p in [*paths, *plots]:
         click.echo(str(p))
     click.echo(f"summary MLflow run {run_id} ({exp['experiment']}__summary)")
-    click.echo(ui_hint(uri, exp["experiment"]))
+    click.echo(ui_hint(client, uri, exp["experiment"]))
     flagged = sorted({n for t in tables["last"] for n in t.notes})
     if flagged:
         click.echo(f"{len(flagged)} row note(s) (missing or unfinished cells), see the footnotes", err=True)

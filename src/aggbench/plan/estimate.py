@@ -40,6 +40,7 @@ from aggbench.grid import (
     checkpoint_steps,
     eval_steps,
     job_counts,
+    requests_gpus,
     resource,
 )
 from aggbench.plan import costmodel as cm
@@ -426,7 +427,7 @@ def grid_jobs(exp: dict) -> dict[str, Any]:
 def build_plan(exp: dict, config: str | os.PathLike | None = None) -> dict[str, Any]:
     """The whole plan of a validated experiment (``grid.load_experiment``), JSON-serialisable."""
     plan, assumed = settings(exp)
-    on_gpu = any(resource(exp, sec, m, "gpus") for m in exp["models"] for sec in ("train", "generate"))
+    on_gpu = requests_gpus(exp, ("train", "generate"))
     if any("mean_prompt_tokens" not in (plan["models"].get(m) or {}) for m in exp["models"]):
         assumed.append("mean_prompt_tokens")
     workload = benchmark_workload(exp, plan)
