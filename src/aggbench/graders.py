@@ -147,6 +147,8 @@ for _name, _kw in (
         "math",
         dict(record="answer", check_row=f"{_R}:check_math_row", reward=f"{_V}:math_rewards", pooled=True),
     ),
+    # the DAPO recipe's reward (verl math_dapo.compute_score, ported): DAPO-17k's training reward
+    ("dapo", dict(record="answer", check_row=f"{_R}:check_math_row", reward=f"{_V}:dapo_rewards")),
     ("code", dict(record="tests", check_row=f"{_R}:check_code_row", programs=True, pooled=True)),
     ("evalplus", dict(record="evalplus", programs=True)),
 ):

@@ -53,8 +53,8 @@ def toy_grader(tmp_path):
 
 
 def test_builtin_graders_are_registered_in_order():
-    assert grader_names() == ["tiny", "math", "code", "evalplus"]
-    assert grader_names(rewards=True) == ["tiny", "math"]
+    assert grader_names() == ["tiny", "math", "dapo", "code", "evalplus"]
+    assert grader_names(rewards=True) == ["tiny", "math", "dapo"]
     assert get_grader("code").programs and get_grader("code").record == "tests"
 
 

@@ -28,6 +28,13 @@ def grade_tiny(rows: Sequence[Mapping[str, Any]], **_: Any) -> list[dict[str, An
     return out
 
 
+def grade_dapo(rows: Sequence[Mapping[str, Any]], **_: Any) -> list[dict[str, Any]]:
+    """The DAPO recipe's verdict (:mod:`aggbench.grading.dapo`): string work, no pool."""
+    from aggbench.grading.dapo import dapo_verdict, ground_truth
+
+    return [dapo_verdict(str(r["response"]), ground_truth(r["answer"]))._asdict() for r in rows]
+
+
 def grade_evalplus(
     rows: Sequence[Mapping[str, Any]], *, workers: int | None = None, **_: Any
 ) -> list[dict[str, Any]]:
@@ -123,6 +130,13 @@ def tiny_rewards(responses: list[str], answers: list[Any], pool: Any = None) -> 
     from aggbench.tiny.task import task_reward
 
     return [task_reward(r, str(a)) for r, a in zip(responses, answers, strict=True)]
+
+
+def dapo_rewards(responses: list[str], answers: list[Any], pool: Any = None) -> list[float]:
+    """The DAPO recipe's reward (verl's +1/-1 as 1.0 / 0.0)."""
+    from aggbench.grading.dapo import dapo_verdict, ground_truth
+
+    return [float(dapo_verdict(r, ground_truth(a)).correct) for r, a in zip(responses, answers, strict=True)]
 
 
 def math_rewards(responses: list[str], answers: list[Any], pool: Any) -> list[float]:
