@@ -277,7 +277,7 @@ def run_cli(rows: list[dict], workers: int | None) -> tuple[list[dict], float]:
         src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         exe = Path(sys.executable).with_name("aggbench")
         cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "aggbench.cli"]
-        cmd += ["grade", "--task", "math", "--input", str(src), "--output", str(dst), "--no-progress"]
+        cmd += ["grade", "--grader", "math", "--input", str(src), "--output", str(dst), "--no-progress"]
         if workers:
             cmd += ["--workers", str(workers)]
         t0 = time.perf_counter()

@@ -67,7 +67,7 @@ def test_score_and_grade_refuse_the_same_row(tmp_path):
     samples = write_jsonl(tmp_path / "s.jsonl", [row])
     scored = score("math500", samples, tmp_path / "o.jsonl")
     graded = CliRunner().invoke(
-        main, ["grade", "--task", "math", "--input", str(samples), "--output", str(tmp_path / "g.jsonl")]
+        main, ["grade", "--grader", "math", "--input", str(samples), "--output", str(tmp_path / "g.jsonl")]
     )
     assert scored.exit_code == graded.exit_code == 1
     assert scored.output.splitlines()[-1] == graded.output.splitlines()[-1]

@@ -17,7 +17,7 @@ TEST = {"input": "1\n", "output": "1\n", "testtype": "stdin"}
 
 
 def grade(task: str, src: Path, out: Path):
-    return CliRunner().invoke(main, ["grade", "--task", task, "--input", str(src), "--output", str(out)])
+    return CliRunner().invoke(main, ["grade", "--grader", task, "--input", str(src), "--output", str(out)])
 
 
 @pytest.fixture

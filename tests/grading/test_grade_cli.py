@@ -1,4 +1,4 @@
-"""`aggbench grade`: the math branch end to end, bad input lines, atomic output, the code branch."""
+"""`aggbench grade`: the math grader end to end, bad input lines, atomic output, code, any registered grader by name."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from aggbench.cli import main
+from aggbench.graders import GRADERS
 from helpers.jsonl import read_jsonl, write_jsonl
 
 MATH_LINES = [
@@ -28,7 +29,7 @@ def test_math_lines_are_graded_in_order_and_keep_their_fields(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", MATH_LINES)
     out = tmp_path / "eval" / "out.jsonl"
     result = CliRunner().invoke(
-        main, ["grade", "--task", "math", "--input", str(src), "--output", str(out), "--workers", "2"]
+        main, ["grade", "--grader", "math", "--input", str(src), "--output", str(out), "--workers", "2"]
     )
     assert result.exit_code == 0, result.output
     rows = read_jsonl(out)
@@ -57,7 +58,9 @@ def test_math_lines_are_graded_in_order_and_keep_their_fields(tmp_path):
 def test_a_bad_line_names_file_line_and_field_and_writes_nothing(tmp_path, bad_line, field, says):
     src = write_jsonl(tmp_path / "in.jsonl", [MATH_LINES[0], MATH_LINES[1], bad_line, MATH_LINES[2]])
     out = tmp_path / "out.jsonl"
-    result = CliRunner().invoke(main, ["grade", "--task", "math", "--input", str(src), "--output", str(out)])
+    result = CliRunner().invoke(
+        main, ["grade", "--grader", "math", "--input", str(src), "--output", str(out)]
+    )
     assert result.exit_code != 0
     assert f"{src}:3:" in result.output
     if field:
@@ -69,7 +72,9 @@ def test_a_bad_line_names_file_line_and_field_and_writes_nothing(tmp_path, bad_l
 def test_an_existing_output_survives_a_failed_run(tmp_path):
     out = write_jsonl(tmp_path / "out.jsonl", ['{"old": true}'])
     src = write_jsonl(tmp_path / "in.jsonl", [MATH_LINES[0], {"response": "x"}])
-    result = CliRunner().invoke(main, ["grade", "--task", "math", "--input", str(src), "--output", str(out)])
+    result = CliRunner().invoke(
+        main, ["grade", "--grader", "math", "--input", str(src), "--output", str(out)]
+    )
     assert result.exit_code != 0
     assert read_jsonl(out) == [{"old": True}]
 
@@ -89,7 +94,7 @@ def test_an_existing_output_survives_a_failed_run(tmp_path):
 def test_bad_code_lines(tmp_path, line, message):
     src = write_jsonl(tmp_path / "in.jsonl", [line])
     result = CliRunner().invoke(
-        main, ["grade", "--task", "code", "--input", str(src), "--output", str(tmp_path / "o.jsonl")]
+        main, ["grade", "--grader", "code", "--input", str(src), "--output", str(tmp_path / "o.jsonl")]
     )
     assert result.exit_code != 0
     assert f"{src}:1: {message}" in result.output
@@ -107,7 +112,7 @@ def test_code_branch_grades_with_grade_code(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     out = tmp_path / "out.jsonl"
     result = CliRunner().invoke(
-        main, ["grade", "--task", "code", "--input", str(src), "--output", str(out), "--workers", "1"]
+        main, ["grade", "--grader", "code", "--input", str(src), "--output", str(out), "--workers", "1"]
     )
     assert result.exit_code == 0, result.output
     graded = read_jsonl(out)
@@ -122,7 +127,7 @@ def test_the_installed_command_runs_in_a_subprocess(tmp_path):
     exe = Path(sys.executable).with_name("aggbench")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "aggbench.cli"]
     proc = subprocess.run(
-        [*cmd, "grade", "--task", "math", "--input", str(src), "--output", str(out), "--progress"],
+        [*cmd, "grade", "--grader", "math", "--input", str(src), "--output", str(out), "--progress"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -131,3 +136,67 @@ def test_the_installed_command_runs_in_a_subprocess(tmp_path):
     assert [r["correct"] for r in read_jsonl(out)] == [True, True]
     assert "grade math" in proc.stderr  # the progress bar, on stderr
     assert proc.stdout == ""
+
+
+def _grade(tmp_path, lines, *args):
+    src = write_jsonl(tmp_path / "in.jsonl", lines)
+    out = tmp_path / "out.jsonl"
+    result = CliRunner().invoke(main, ["grade", *args, "--input", str(src), "--output", str(out)])
+    return result, out
+
+
+def test_grader_dapo_is_the_recipe_reward_and_differs_from_math(tmp_path):
+    lines = [
+        {"id": "a", "response": "so the answer is \\boxed{025}", "answer": "25"},  # math: 025 == 25
+        {"id": "b", "response": "Work.\nAnswer: 25 degrees", "answer": "25"},
+        {"id": "c", "response": "the total is 25", "answer": "25"},  # no line, no box
+    ]
+    result, out = _grade(tmp_path, lines, "--grader", "dapo")
+    assert result.exit_code == 0, result.output
+    graded = read_jsonl(out)
+    assert [r["correct"] for r in graded] == [False, True, False]
+    assert [r["reason"] for r in graded] == ["box_mismatch", "answer_line_match", "no_answer"]
+    assert "graded 3 lines" in result.output and "33.3% correct" in result.output
+
+
+def test_grader_tiny_and_the_old_task_spelling(tmp_path):
+    lines = [{"response": "\\boxed{7}", "answer": "7"}, {"response": "\\boxed{8}", "answer": 7}]
+    result, out = _grade(tmp_path, lines, "--grader", "tiny")
+    assert result.exit_code == 0, result.output
+    assert [r["correct"] for r in read_jsonl(out)] == [True, False]
+    result, out = _grade(tmp_path, lines, "--task", "tiny")  # --task: the old name, same grader
+    assert result.exit_code == 0, result.output
+    assert [r["correct"] for r in read_jsonl(out)] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--grader", "dapoo"], "Did you mean 'dapo'? Valid names: code, dapo, evalplus, math, tiny"),
+        (["--grader", "dapo", "--task", "math"], "disagree"),
+        ([], "missing option '--grader'"),
+    ],
+)
+def test_a_bad_grader_option_says_what_is_valid(tmp_path, args, says):
+    result, out = _grade(tmp_path, MATH_LINES[:1], *args)
+    assert result.exit_code == 2 and says in result.output, result.output
+    assert not out.exists()
+
+
+def test_a_plugin_grader_is_graded_by_name(tmp_path, monkeypatch):
+    plugin = tmp_path / "exact_plugin_grade_cli.py"
+    plugin.write_text(
+        "from aggbench.graders import register_grader\n"
+        "@register_grader('exact_cli_test', record='answer')\n"
+        "def exact(rows, *, workers=None, timeout_s=None, progress=False):\n"
+        "    return [{'correct': r['response'].strip() == str(r['answer']), 'extracted': r['response'].strip(),\n"
+        "             'reason': 'exact'} for r in rows]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    lines = [{"response": " 7 ", "answer": "7"}, {"response": "\\boxed{7}", "answer": "7"}]
+    result, out = _grade(tmp_path, lines, "--plugin", str(plugin), "--grader", "exact_cli_test")
+    try:
+        assert result.exit_code == 0, result.output
+        assert [(r["correct"], r["reason"]) for r in read_jsonl(out)] == [(True, "exact"), (False, "exact")]
+    finally:
+        GRADERS.remove("exact_cli_test")  # other tests see the built-ins only

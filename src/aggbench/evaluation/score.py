@@ -68,7 +68,7 @@ def grade_rows(
     *,
     workers: int | None = None,
     timeout_s: float | None = None,
-    progress: bool = False,
+    progress: bool | None = False,
 ) -> list[dict[str, Any]]:
     """One verdict dict per row (``correct``, ``extracted``, ``reason``; programs add ``n_tests``,
     ``test_results``, ``error_kind``, ``layers``), from the registered grader (``aggbench.graders``)."""
@@ -184,7 +184,10 @@ def score_benchmark(
     check_samples(samples_path, numbered, spec.name, grader)
     rows = [r for _, r in numbered]
     t0 = time.perf_counter()
-    verdicts = grade_rows(grader, rows, workers=workers, timeout_s=timeout_s, progress=progress)
+    # a bar on a terminal only: evaluation runs inside snakemake's logs
+    verdicts = grade_rows(
+        grader, rows, workers=workers, timeout_s=timeout_s, progress=None if progress else False
+    )
     graded = []
     for r, v in zip(rows, verdicts, strict=True):
         base = {k: val for k, val in r.items() if not (entry.record == "tests" and k == "tests")}

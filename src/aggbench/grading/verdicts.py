@@ -50,16 +50,17 @@ def _pooled(
     *,
     workers: int | None,
     timeout_s: float | None,
-    progress: bool,
+    progress: bool | None,
 ) -> list[dict[str, Any]]:
-    """Grade ``rows`` in chunks through one GradingPool (a progress bar on a terminal)."""
+    """Grade ``rows`` in chunks through one GradingPool. ``progress``: True shows a bar on stderr,
+    None shows it on a terminal only (evaluation inside snakemake logs), False never."""
     from tqdm.auto import tqdm
 
     from aggbench.grading.batch import grading_pool
 
     pool, per_test = grading_pool(task, workers=workers, timeout_s=timeout_s)
     out: list[dict[str, Any]] = []
-    show = progress and sys.stderr.isatty()
+    show = progress is True or (progress is None and sys.stderr.isatty())
     with pool, tqdm(total=len(rows), desc=f"grade {task}", unit="sample", disable=not show) as bar:
         for start in range(0, len(rows), _CHUNK):
             batch = rows[start : start + _CHUNK]
@@ -73,7 +74,7 @@ def grade_math(
     *,
     workers: int | None = None,
     timeout_s: float | None = None,
-    progress: bool = False,
+    progress: bool | None = False,
 ) -> list[dict[str, Any]]:
     return _pooled("math", rows, _math_chunk, workers=workers, timeout_s=timeout_s, progress=progress)
 
@@ -83,7 +84,7 @@ def grade_code(
     *,
     workers: int | None = None,
     timeout_s: float | None = None,
-    progress: bool = False,
+    progress: bool | None = False,
 ) -> list[dict[str, Any]]:
     return _pooled("code", rows, _code_chunk, workers=workers, timeout_s=timeout_s, progress=progress)
 
