@@ -118,6 +118,26 @@ def test_training_and_evaluation_answer_formats_are_both_graded():
     assert "Answer format:" in raw and "[assumed: the paper's prompts are unknown]" in raw
 
 
+def test_dapo17k_trains_on_the_recipes_reward_and_logs_its_disagreement_with_math():
+    """Issue 28, item 1: DAPO-17k's training reward is the recipe's (verl math_dapo, grader `dapo`),
+    labelled with its source and version; `math` runs beside it on the same rollouts, compared
+    only; Polaris keeps its spec's grader, labelled assumed."""
+    from aggbench.grid import cell_train_config, cells
+
+    raw, exp = _paper()
+    assert exp["datasets"]["dapo17k"] == {"spec": "dapo17k", "reward": "dapo", "compare_reward": "math"}
+    assert exp["datasets"]["polaris"] == {"spec": "polaris"}
+    label = raw[raw.index("# Training reward.") : raw.index("datasets:\n")]
+    for phrase in ("[DAPO-verl] reward_model.reward_manager=dapo", "math_dapo.py", "v0.9.1", "b178a3cd5"):
+        assert phrase in label, phrase
+    assert "polaris: its spec's grader, `math` [assumed" in label
+    by_dataset = {}
+    for c in cells(exp):
+        cfg = cell_train_config(exp, c.id)
+        by_dataset.setdefault(c.dataset, set()).add((cfg.dataset.grader, cfg.dataset.compare_grader))
+    assert by_dataset == {"dapo17k": {("dapo", "math")}, "polaris": {("math", None)}}
+
+
 def test_max_prompt_tokens_fit_the_context_and_name_the_overlong_filter():
     """Issue 13, item 6: each model's prompt budget, its label, and what happens to a longer prompt
     (dropped before training, as verl's data.filter_overlong_prompts; tests/train/test_overlong_prompts.py)."""

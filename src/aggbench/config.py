@@ -50,15 +50,27 @@ class DatasetConfig(_Strict):
     )
     grader: str = Field(
         "tiny",
-        description="Reward: a registered grader that can reward training (built in: tiny exact match, math).",
+        description=(
+            "Reward: a registered grader that can reward training (built in: tiny exact match, math, "
+            "dapo = the DAPO recipe's verl math_dapo reward)."
+        ),
+    )
+    compare_grader: str | None = Field(
+        None,
+        description=(
+            "A second rewarding grader run on the same rollouts, never trained on: each step logs how "
+            "many responses it and `grader` judge differently (reward/disagree)."
+        ),
     )
 
-    @field_validator("grader")
+    @field_validator("grader", "compare_grader")
     @classmethod
-    def _rewarding_grader(cls, name: str) -> str:
+    def _rewarding_grader(cls, name: str | None) -> str | None:
         from aggbench.graders import grader_names
         from aggbench.registry import did_you_mean
 
+        if name is None:
+            return None
         valid = grader_names(rewards=True)
         if name not in valid:
             raise ValueError(

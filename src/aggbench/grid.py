@@ -305,7 +305,8 @@ def cell_train_config(exp: dict, cid: str) -> Any:
         "dataset": {
             "name": c.dataset,
             "path": str(root / "data" / f"{c.dataset}.jsonl"),
-            "grader": ds_spec.grader.name,
+            "grader": exp["datasets"][c.dataset].get("reward") or ds_spec.grader.name,
+            "compare_grader": exp["datasets"][c.dataset].get("compare_reward"),
         },
         "aggregation": {"name": agg["name"], "rule": agg.get("rule"), "params": agg.get("params") or {}},
         "plugins": list(exp.get("plugins", [])),

@@ -238,6 +238,7 @@ def _train_segment(
         tracker.set_tags(run_tags(cfg, prep.rule, prep.plugin_files))
         tracker.sync(metrics_log.read(), upto=start)  # fills in steps a crash kept from MLflow
     reward_fn = RewardFn(cfg.dataset.grader)
+    compare_fn = RewardFn(cfg.dataset.compare_grader) if cfg.dataset.compare_grader else None
     engine = _open_engine(cfg, policy.model, tokenizer, model_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     seg = Segment(
@@ -245,7 +246,7 @@ def _train_segment(
         ranks=ranks,
         policy=policy,
         sampler=Sampler(
-            cfg, engine, tokenizer, records, reward_fn, prompt_fit.prompt_options(cfg), ranks.rank
+            cfg, engine, tokenizer, records, reward_fn, prompt_fit.prompt_options(cfg), ranks.rank, compare_fn
         ),
         scoring=Scoring.from_config(cfg, prep.estimator, pad_id),
         updating=UpdateSettings.from_config(cfg),
@@ -268,6 +269,8 @@ def _train_segment(
                 step_log.report(bar, quiet, cfg.resolved_cell_id, result.row, a.total_steps)
     finally:
         reward_fn.close()
+        if compare_fn is not None:
+            compare_fn.close()
         if hasattr(engine, "close"):  # vLLM: before the process group goes (VLLMEngine.close)
             engine.close()
     return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": last}

@@ -32,13 +32,24 @@ class SamplingStats:
     """What one rank's sampling of a step did; summed over ranks for the metrics row (``rounds``:
     the maximum). ``correct`` / ``responses``: round 0's responses with reward > 0.5 / all of them,
     before the filter; ``groups_sampled``: groups generated in every round; ``groups_filtered``:
-    zero-variance groups the filter dropped (0 without dynamic sampling)."""
+    zero-variance groups the filter dropped (0 without dynamic sampling). With a comparison grader
+    (``dataset.compare_grader``): ``compared`` responses graded by both, every round, and those the
+    reward alone (``reward_only``) or the comparison alone (``compare_only``) calls correct."""
 
     rounds: int = 0
     groups_sampled: int = 0
     groups_filtered: int = 0
     correct: int = 0
     responses: int = 0
+    compared: int = 0
+    reward_only: int = 0
+    compare_only: int = 0
+
+    def count_disagreements(self, rewards: list[float], other: list[float]) -> None:
+        """Add one graded round: ``rewards`` [n] the training reward's, ``other`` [n] the comparison's."""
+        self.compared += len(rewards)
+        self.reward_only += sum(r > 0.5 and o <= 0.5 for r, o in zip(rewards, other, strict=True))
+        self.compare_only += sum(r <= 0.5 and o > 0.5 for r, o in zip(rewards, other, strict=True))
 
 
 @dataclass
@@ -46,7 +57,8 @@ class Sampler:
     """What sampling needs that stays fixed for a segment: the cell's config (``algorithm``,
     ``sampling``, ``rollout``, ``seed``), the rollout engine, the tokenizer, the training records,
     the reward function ((responses, answers) -> rewards), the prompt options
-    (``prompt_fit.prompt_options``) and this process's rank (``rollout.seeding: call``)."""
+    (``prompt_fit.prompt_options``), this process's rank (``rollout.seeding: call``) and an optional
+    comparison grader's reward function, counted against the reward on every response, never trained on."""
 
     cfg: Any
     engine: Any
@@ -55,6 +67,7 @@ class Sampler:
     reward_fn: Callable[[list[str], list[Any]], list[float]]
     prompt_kw: dict[str, Any] = field(default_factory=dict)
     rank: int = 0
+    compare_fn: Callable[[list[str], list[Any]], list[float]] | None = None
 
 
 @dataclass
@@ -91,7 +104,10 @@ def sample(sampler: Sampler, *, stream: PromptStream, slots: list[int], step: in
         texts = [prompt_fit.prompt_text(cfg, r) for r in recs]
         ids = encode_prompts(sampler.tokenizer, texts, max_tokens=s.max_prompt_tokens, **sampler.prompt_kw)
         roll = generate(sampler, ids, step=step, rounds=stats.rounds, keys=keys)
-        rewards = sampler.reward_fn(roll.texts, [recs[g]["answer"] for g in roll.group])
+        answers = [recs[g]["answer"] for g in roll.group]
+        rewards = sampler.reward_fn(roll.texts, answers)
+        if sampler.compare_fn is not None:
+            stats.count_disagreements(rewards, sampler.compare_fn(roll.texts, answers))
         if stats.rounds == 0:
             stats.correct = sum(r > 0.5 for r in rewards)
             stats.responses = len(rewards)

@@ -53,7 +53,9 @@ def record(
     ``reward/mean``, ``accuracy`` and the ``len/*``, ``groups/total`` and ``groups/zero_variance``
     statistics describe the batch trained on (after dynamic sampling's filter); what sampling met
     before the filter is ``accuracy_prefilter`` (the step's own prompts, first round),
-    ``groups/sampled`` and ``groups/filtered`` (every round). ``agg/*`` are the weights each
+    ``groups/sampled`` and ``groups/filtered`` (every round). With ``dataset.compare_grader``,
+    ``reward/disagree`` counts the responses (every round) that grader and the reward judge
+    differently, split by direction (``reward/disagree_reward_only``, ``..._compare_only``). ``agg/*`` are the weights each
     mini-batch's update applied (``aggregation.diagnostics``), the trained rule's also as
     ``train/weight_pos`` ... ``train/pg_loss`` (``diagnostics.trained_rule``).
     """
@@ -90,6 +92,15 @@ def record(
     row["dynamic_sampling/rounds"] = max(p.sampling.rounds for p in parts)
     row["groups/sampled"] = sum(p.sampling.groups_sampled for p in parts)
     row["groups/filtered"] = sum(p.sampling.groups_filtered for p in parts)
+    compared = sum(p.sampling.compared for p in parts)
+    if compared:  # dataset.compare_grader: how often it and the reward disagree on this step's responses
+        reward_only = sum(p.sampling.reward_only for p in parts)
+        compare_only = sum(p.sampling.compare_only for p in parts)
+        row["reward/compared"] = compared
+        row["reward/disagree"] = reward_only + compare_only
+        row["reward/disagree_frac"] = (reward_only + compare_only) / compared
+        row["reward/disagree_reward_only"] = reward_only  # the reward says right, the comparison wrong
+        row["reward/disagree_compare_only"] = compare_only  # the comparison says right, the reward wrong
     row.update(engine_checks.merge([p.engine for p in parts]))
     agg = diagnostics(
         mask, adv, gids, instances={rule.name: rule}, unit_loss=unit_loss, minibatches=upd.minibatches
