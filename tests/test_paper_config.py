@@ -172,3 +172,29 @@ def test_dynamic_sampling_rounds_count_as_verls_max_num_gen_batches():
     assert exp["training"]["algorithm"]["dynamic_sampling_max_rounds"] == 9
     line = _line(raw, r"^\s*dynamic_sampling_max_rounds:")
     assert "[DAPO-verl]" in line and "max_num_gen_batches=10" in line
+
+
+def test_scope_labels_claim_the_paper_only_where_it_says_so_and_the_rule_docs_are_current():
+    """Issue 28, item 6: token and sequence run at the mini-batch as the recipe's verl token-mean
+    (labelled so, with the group-scope ablation named); balanced at the group [paper]. The rule
+    table in docs/aggregations.md names each rule's registered version, and every instance in
+    its explain output is registered."""
+    from aggbench.aggregation.contract import builtin_instances, get_rule, rule_names
+
+    raw, exp = _paper()
+    assert [a["name"] for a in exp["aggregations"]] == ["token", "sequence", "balanced"]
+    for name in ("token", "sequence"):
+        line = _line(raw, rf"^\s*- name: {name}\b")
+        assert "mini-batch scope [DAPO-verl]" in line and "[paper]" not in line, line
+    assert "group scope [paper]" in _line(raw, r"^\s*- name: balanced\b")
+    assert "loss_agg_mode=token-mean" in raw and "the scope ablation below runs the per-group reading" in raw
+    assert {a["name"] for a in exp["ablations"]["aggregations"]} >= {"token_group", "sequence_group"}
+
+    doc = (PAPER.parents[1] / "docs" / "aggregations.md").read_text()
+    table = re.findall(r"^\| `(\w+)` \(v(\d+)\) \|", doc, flags=re.M)
+    assert {name for name, _ in table} == set(rule_names())
+    for name, version in table:
+        assert get_rule(name).version == version, name
+    summary = doc[doc.rindex("== summary: total weight per advantage sign") :]
+    shown = re.findall(r"^  (\w+) +[\d.]+ +[\d.]+ +[\d.]+$", summary[: summary.index("```")], flags=re.M)
+    assert shown and set(shown) <= set(builtin_instances()), shown
