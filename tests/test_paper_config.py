@@ -69,14 +69,18 @@ def test_dual_clip_is_verls_default_and_bounds_negative_advantages_as_verl_does(
     assert (verl != clip1).any()  # the bound binds somewhere on this batch
 
 
-def test_qwen_models_stop_on_their_turn_tokens_as_qwen_math_eval_does():
+def test_qwen_models_stop_on_their_turn_tokens_in_evaluation_only():
     from aggbench.grid import cell_train_config, cells
 
     raw, exp = _paper()
     for name in ("qwen2.5-math-7b", "qwen3-1.7b"):
         assert exp["models"][name]["stop_tokens"] == ["<|im_end|>", "<|endoftext|>"], name
         cfg = cell_train_config(exp, next(c.id for c in cells(exp) if c.model == name))
-        assert cfg.model.stop_tokens == ["<|im_end|>", "<|endoftext|>"]  # reaches the trainer
+        # issue 28, item 3: training's rollouts stop on the model's EOS only, as verl's vLLM rollout
+        assert cfg.model.stop_tokens == [], name
+    assert exp["training"]["stop_tokens"] == []
+    head = raw[raw.index("\ntraining:\n") : raw.index("  stop_tokens: []\n")]
+    assert "[DAPO-verl]" in head and "passes no stop strings or ids" in head
     assert "[Qwen-Math-eval]" in raw and "stop_token_ids 151645, 151643" in raw
     block = raw[: raw.index('stop_tokens: ["<|im_end|>", "<|endoftext|>"]\n')].splitlines()[-3:]
     assert any("[Qwen-Math-eval]" in ln for ln in block)
@@ -198,3 +202,18 @@ def test_scope_labels_claim_the_paper_only_where_it_says_so_and_the_rule_docs_ar
     summary = doc[doc.rindex("== summary: total weight per advantage sign") :]
     shown = re.findall(r"^  (\w+) +[\d.]+ +[\d.]+ +[\d.]+$", summary[: summary.index("```")], flags=re.M)
     assert shown and set(shown) <= set(builtin_instances()), shown
+
+
+def test_training_stop_tokens_reach_the_trainer_apart_from_evaluations():
+    """training.stop_tokens (and a model's training override) set the rollouts' stops; the model's
+    evaluation stop_tokens never do."""
+    import copy
+
+    from aggbench.grid import cell_train_config, cells
+
+    _, exp = _paper()
+    exp = copy.deepcopy(exp)
+    exp["training"]["stop_tokens"] = ["<|im_end|>"]
+    exp["models"]["qwen3-1.7b"]["training"]["stop_tokens"] = ["<|endoftext|>"]
+    stops = {c.model: cell_train_config(exp, c.id).model.stop_tokens for c in cells(exp)}
+    assert stops == {"qwen2.5-math-7b": ["<|im_end|>"], "qwen3-1.7b": ["<|endoftext|>"]}

@@ -36,8 +36,9 @@ class ModelConfig(_Strict):
     chat_template: bool = Field(True, description="Format prompts with the tokenizer's chat template.")
     stop_tokens: list[str] = Field(
         default_factory=list,
-        description="Tokens that end a response besides the model's EOS (each one vocabulary token), e.g. "
-        "Qwen's <|im_end|> and <|endoftext|> as Qwen2.5-Math's evaluation stops on them.",
+        description="Tokens that end a training rollout besides the model's EOS (each one vocabulary "
+        "token); default none, the model's EOS only, as verl's vLLM rollout. (The grid takes them from "
+        "training.stop_tokens; evaluation's are models.<m>.stop_tokens.)",
     )
 
 

@@ -290,6 +290,9 @@ def cell_train_config(exp: dict, cid: str) -> Any:
     ds_spec = load_training_spec(exp["datasets"][c.dataset]["spec"])
     root = results_dir(exp)
     training = _merge(exp["training"], model.get("training", {}))
+    # the rollouts' stop tokens are training's own (default: the model's EOS only, as verl's vLLM
+    # rollout); models.<m>.stop_tokens are the evaluation's
+    train_stops = list(training.pop("stop_tokens", None) or [])
     data = {
         **training,
         "cell_id": c.id,
@@ -299,7 +302,7 @@ def cell_train_config(exp: dict, cid: str) -> Any:
             "path": str(root / "models" / c.model),
             "system_prompt": model.get("system_prompt"),
             "enable_thinking": model.get("enable_thinking"),
-            "stop_tokens": list(model.get("stop_tokens", [])),
+            "stop_tokens": train_stops,
             "chat_template": model.get("chat_template", True) and ds_spec.use_chat_template,
         },
         "dataset": {
