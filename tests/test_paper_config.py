@@ -45,26 +45,27 @@ def _line(raw: str, pattern: str) -> str:
     return next(ln for ln in raw.splitlines() if re.search(pattern, ln))
 
 
-def test_dual_clip_is_verls_default_and_bounds_negative_advantages_as_verl_does():
+def test_dual_clip_is_the_recipes_and_bounds_negative_advantages_as_verl_does():
     import torch
 
     from aggbench.grid import cell_train_config, cells
     from aggbench.train.objective import pg_token_loss
 
     raw, exp = _paper()
-    assert exp["training"]["algorithm"]["dual_clip"] == 3.0
+    # issue 28, item 2: both pinned scripts set clip_ratio_c=10.0 (verl's own default is 3.0)
+    assert exp["training"]["algorithm"]["dual_clip"] == 10.0
     line = _line(raw, r"^\s*dual_clip:")
-    assert "[DAPO-verl]" in line and "clip_ratio_c" in line
+    assert "[DAPO-verl] clip_ratio_c=10.0 in both scripts" in line and "default, actor.yaml, is 3.0" in line
     cfg = cell_train_config(exp, cells(exp)[0].id)
-    assert cfg.algorithm.dual_clip == 3.0
+    assert cfg.algorithm.dual_clip == 10.0
     # the bound is verl's (core_algos.compute_policy_loss_vanilla), written out here on random tokens
     g = torch.Generator().manual_seed(0)
     logp, old = torch.randn(64, 8, generator=g), torch.randn(64, 8, generator=g)
     adv = torch.randn(64, 8, generator=g) * 2
     ratio = torch.exp(logp - old)
     clip1 = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - 0.2, 1 + 0.28))
-    verl = torch.where(adv < 0, torch.minimum(-adv * 3.0, clip1), clip1)
-    ours, _ = pg_token_loss(logp, old, adv, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    verl = torch.where(adv < 0, torch.minimum(-adv * 10.0, clip1), clip1)
+    ours, _ = pg_token_loss(logp, old, adv, clip_low=0.2, clip_high=0.28, dual_clip=10.0)
     assert torch.allclose(ours, verl, atol=0, rtol=0)
     assert (verl != clip1).any()  # the bound binds somewhere on this batch
 
@@ -175,7 +176,33 @@ def test_dynamic_sampling_rounds_count_as_verls_max_num_gen_batches():
     raw, exp = _paper()
     assert exp["training"]["algorithm"]["dynamic_sampling_max_rounds"] == 9
     line = _line(raw, r"^\s*dynamic_sampling_max_rounds:")
-    assert "[DAPO-verl]" in line and "max_num_gen_batches=10" in line
+    assert "[DAPO-verl-32B]" in line and "max_num_gen_batches=10" in line
+
+
+def test_one_pinned_recipe_names_each_settings_file():
+    """Issue 28, item 2: the legend pins verl's recipe/dapo to one commit and names which script
+    each tag means; the values that differ between the scripts carry the tag of the one they
+    come from (dynamic sampling: the 32B script; lengths, steps: the 7B math script)."""
+    raw, exp = _paper()
+    legend = raw[: raw.index("experiment:")]
+    assert "recipe/dapo at commit 246cac4ca6b0e3ce1009bc48aaa798689e0600af" in legend
+    assert "[DAPO-verl-32B] = recipe/dapo/run_dapo_qwen2.5_32b.sh" in legend
+    assert "[DAPO-verl-7B] = recipe/dapo/test_dapo_7b_math.sh" in legend
+    algo = exp["training"]["algorithm"]
+    assert algo["total_steps"] == 200 and "[DAPO-verl-7B] total_training_steps=200" in _line(
+        raw, r"total_steps:"
+    )
+    assert algo["dynamic_sampling"] is True
+    assert "[DAPO-verl-32B] enable_filter_groups=True" in _line(raw, r"^\s*dynamic_sampling:")
+    assert "top_k=-1" in _line(raw, r"^\s*sampling: \{temperature")
+    for model in exp["models"].values():
+        assert model["training"]["sampling"] == {"max_prompt_tokens": 2048, "max_new_tokens": 8192}
+    # evaluation every 25 = checkpoint.every, labelled with the recipe's test_freq it departs from
+    assert exp["evaluation"]["every"] == exp["training"]["checkpoint"]["every"] == 25
+    head = raw[raw.index("\nevaluation:\n") : raw.index("  every: 25\n")]
+    assert "[assumed] every 25 = checkpoint.every" in head and "test_freq=10" in head
+    doc = (PAPER.parents[1] / "docs" / "aggregations.md").read_text()
+    assert "246cac4ca6b0e3ce1009bc48aaa798689e0600af" in doc and "run_dapo_qwen2.5_32b.sh" in doc
 
 
 def test_scope_labels_claim_the_paper_only_where_it_says_so_and_the_rule_docs_are_current():

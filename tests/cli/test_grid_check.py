@@ -37,7 +37,7 @@ def test_the_paper_config_passes_with_the_three_warnings_a_first_cluster_run_nee
     res = _check("--config", str(cfg))
     assert res.exit_code == 0, res.output
     lines = res.output.strip().splitlines()
-    assert lines[0] == f"{cfg}: 12 cells, 682 jobs (663 submitted, 19 local)"
+    assert lines[0] == f"{cfg}: 12 cells, 802 jobs (783 submitted, 19 local)"
     assert lines[-1] == f"OK: {cfg} is a valid grid (3 warnings above)"
     warnings = [line for line in lines if line.startswith("warning: ")]
     assert len(warnings) == 3

@@ -94,13 +94,13 @@ def test_paper_plan_jobs_equal_the_dry_run_dag(tmp_path):
     stats = job_stats(text)
     total = stats.pop("total")
     assert plan["jobs"]["rules"] == stats
-    assert plan["jobs"]["total"] == total == 682
+    assert plan["jobs"]["total"] == total == 802
     blocks = job_blocks(text)
     assert len(blocks) == total
     # SLURM gets every job but the workflow's local rules and the target rule `all` (no action)
     local = declared_local_rules() | {"all"}
     assert set(LOCAL_RULES) == local
-    assert plan["jobs"]["slurm"] == sum(1 for j in blocks if j["rule"] not in local) == 663
+    assert plan["jobs"]["slurm"] == sum(1 for j in blocks if j["rule"] not in local) == 783
     assert plan["jobs"]["local"] == sum(1 for j in blocks if j["rule"] in local)
     # the plan's GPUs and walltime per model are the ones the jobs request
     train = {j["wildcards"]["cell"].split("__")[0]: j["resources"] for j in blocks if j["rule"] == "train"}
@@ -111,7 +111,7 @@ def test_paper_plan_jobs_equal_the_dry_run_dag(tmp_path):
     # the readable table says the same
     table = CliRunner().invoke(main, ["plan", str(PAPER)])
     assert table.exit_code == 0, table.output
-    assert "SLURM jobs: 663" in table.output and "snakemake -n lists 682" in table.output
+    assert "SLURM jobs: 783" in table.output and "snakemake -n lists 802" in table.output
     for cell in plan["cells"]:
         assert cell["cell"] in table.output
 
@@ -124,9 +124,9 @@ def test_paper_plan_numbers_hold_together():
     assert t["gpu_hours"] == pytest.approx(
         sum(c["gpu_hours"] for c in plan["cells"]) + sum(plan["base_eval_gpu_hours"].values())
     )
-    # requested = jobs x GPUs x walltime, from the config: 72 train jobs x 8 GPUs x 24 h (the 7B at
-    # its recipe's 10k tokens) + 72 x 4 x 12, plus 74 generate jobs x 1 GPU x 4 h
-    assert t["requested_gpu_hours"] == 72 * 8 * 24 + 72 * 4 * 12 + 74 * 4
+    # requested = jobs x GPUs x walltime, from the config: 48 train jobs (6 cells x 8 segments) x 8
+    # GPUs x 24 h (the 7B at its recipe's 10k tokens) + 48 x 4 x 12, plus 98 generate jobs x 1 GPU x 4 h
+    assert t["requested_gpu_hours"] == 48 * 8 * 24 + 48 * 4 * 12 + 98 * 4
     # every default the plan used is named with its source
     assert {"gpu", "mfu.update", "mfu.generate"} <= set(plan["assumed"])
     for mp in plan["models"].values():

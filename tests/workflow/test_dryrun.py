@@ -13,8 +13,8 @@ def test_paper_grid_dry_run_lists_exactly_the_expected_jobs(wf, tmp_path):
     elapsed = time.monotonic() - t0
     counts = wf.job_counts(proc.stdout)
 
-    # By hand: 2 models x 2 datasets x 3 rules x 1 seed = 12 cells. Checkpoints every 25 of 300 steps
-    # = 12 train segments per cell; evaluation every 50 steps = steps 50..300 = 6 per cell; six
+    # By hand: 2 models x 2 datasets x 3 rules x 1 seed = 12 cells. Checkpoints every 25 of 200 steps
+    # = 8 train segments per cell; evaluation every 25 steps = steps 25..200 = 8 per cell; six
     # benchmarks graded per evaluated checkpoint; the base model sampled once per model (2) and
     # graded on 6 benchmarks each (12).
     cells = 2 * 2 * 3 * 1
@@ -24,15 +24,15 @@ def test_paper_grid_dry_run_lists_exactly_the_expected_jobs(wf, tmp_path):
         "fetch_benchmarks": 1,
         "experiment_config": 1,
         "cell_config": cells,
-        "train": cells * (300 // 25),
-        "generate": cells * 6,
-        "grade": cells * 6 * 6,
+        "train": cells * (200 // 25),
+        "generate": cells * 8,
+        "grade": cells * 8 * 6,
         "generate_base": 2,
         "grade_base": 2 * 6,
         "report": 1,
         "all": 1,
     }
-    assert expected["train"] == 144 and expected["generate"] == 72 and expected["grade"] == 432
+    assert expected["train"] == 96 and expected["generate"] == 96 and expected["grade"] == 576
     assert counts == expected, proc.stdout[-3000:]
 
     # ... and the same numbers as the grid module, which `aggbench grid check` prints
@@ -88,7 +88,7 @@ def test_paper_commands_carry_the_model_overrides_and_stop_tokens(wf, tmp_path):
     cmd = next(ln for ln in lines if "aggbench prepare-model Qwen/Qwen2.5-Math-7B" in ln)
     assert "--config-override max_position_embeddings=32768" in cmd
     generate = [ln for ln in lines if "aggbench generate" in ln]
-    assert len(generate) == 74  # 72 checkpoints + 2 base models
+    assert len(generate) == 98  # 96 checkpoints + 2 base models
     assert all("--stop-token '<|im_end|>' --stop-token '<|endoftext|>'" in ln for ln in generate)
     # item 5: every generate job caps budgets at its model's context (32,768 for both paper models)
     assert all("--max-context 32768" in ln for ln in generate)
