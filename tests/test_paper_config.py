@@ -244,3 +244,20 @@ def test_training_stop_tokens_reach_the_trainer_apart_from_evaluations():
     exp["models"]["qwen3-1.7b"]["training"]["stop_tokens"] = ["<|endoftext|>"]
     stops = {c.model: cell_train_config(exp, c.id).model.stop_tokens for c in cells(exp)}
     assert stops == {"qwen2.5-math-7b": ["<|im_end|>"], "qwen3-1.7b": ["<|endoftext|>"]}
+
+
+def test_the_7b_evaluates_on_qwen_math_evals_own_prompt_and_livecodebench_on_its_own():
+    """Issue 28, item 4(a)/(d): the 7B's math prompt is Qwen2.5-Math's format (tests/evaluation/
+    test_prompt_formats.py renders it byte for byte), labelled with the pinned source; Qwen3 keeps
+    the chat template; LiveCodeBench has its own system prompt."""
+    from aggbench.data.benchmarks import load_benchmark_spec
+
+    raw, exp = _paper()
+    assert exp["models"]["qwen2.5-math-7b"]["prompt_format"] == "qwen25-math-cot"
+    assert "prompt_format" not in exp["models"]["qwen3-1.7b"]
+    head = raw[raw.index("  qwen2.5-math-7b:") : raw.index("prompt_format: qwen25-math-cot")]
+    assert "[Qwen-Math-eval]" in head and 'PROMPT_TEMPLATES["qwen25-math-cot"]' in head
+    assert "a45202bd16f1ec06f433442dc1152d0074773465" in raw
+    text = (PAPER.parent / "benchmarks" / "livecodebench.yaml").read_text()
+    assert load_benchmark_spec("livecodebench").system_prompt == "You are a helpful assistant."
+    assert "28fef95ea8c9f7a547c8329f2cd3d32b92c1fa24" in text and "SYSTEM_MESSAGE_CODEQWEN" in text

@@ -90,5 +90,9 @@ def test_paper_commands_carry_the_model_overrides_and_stop_tokens(wf, tmp_path):
     generate = [ln for ln in lines if "aggbench generate" in ln]
     assert len(generate) == 98  # 96 checkpoints + 2 base models
     assert all("--stop-token '<|im_end|>' --stop-token '<|endoftext|>'" in ln for ln in generate)
+    # issue 28, item 4(a): the 7B's evaluation prompt is Qwen2.5-Math's own format; Qwen3's is not
+    qwen7b = [ln for ln in generate if "qwen2.5-math-7b" in ln]
+    assert len(qwen7b) == 49 and all("--prompt-format qwen25-math-cot" in ln for ln in qwen7b)
+    assert not [ln for ln in generate if "qwen2.5-math-7b" not in ln and "--prompt-format" in ln]
     # item 5: every generate job caps budgets at its model's context (32,768 for both paper models)
     assert all("--max-context 32768" in ln for ln in generate)

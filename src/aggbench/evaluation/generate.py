@@ -130,7 +130,14 @@ def sampling_for(spec: Any, options: GenerateOptions) -> dict[str, Any]:
 
 
 def prompt_settings(spec: Any, options: GenerateOptions) -> dict[str, Any]:
-    """Keyword arguments of :func:`aggbench.prompts.format_prompt` for one benchmark."""
+    """How one benchmark's prompts are built (recorded in generation.json): keyword arguments of
+    :func:`aggbench.prompts.format_prompt`, or a raw ``prompt_format`` that fits the benchmark's
+    grader (:mod:`.prompt_formats`; then no chat template, no system prompt of its own)."""
+    if options.prompt_format is not None:
+        from aggbench.evaluation.prompt_formats import get_prompt_format
+
+        if get_prompt_format(options.prompt_format).applies_to(spec.grader.name):
+            return {"prompt_format": options.prompt_format, "system_prompt": None, "chat_template": False}
     chat = spec.use_chat_template if options.chat_template is None else options.chat_template
     system = options.system_prompt if options.system_prompt is not None else spec.system_prompt
     return {"system_prompt": system, "enable_thinking": options.enable_thinking, "chat_template": chat}
@@ -139,9 +146,16 @@ def prompt_settings(spec: Any, options: GenerateOptions) -> dict[str, Any]:
 def format_prompts(
     spec: Any, records: Sequence[Mapping[str, Any]], tokenizer: Any, settings: Mapping
 ) -> tuple:
-    """(prompt texts exactly as the model sees them, their token ids): the trainer's code path."""
+    """(prompt texts exactly as the model sees them, their token ids): the trainer's code path, or
+    the raw format's text tokenised as it is."""
     from aggbench.prompts import encode_prompts, format_prompt
 
+    if settings.get("prompt_format"):
+        from aggbench.evaluation.prompt_formats import get_prompt_format
+
+        fmt = get_prompt_format(settings["prompt_format"])
+        texts = [fmt.render(str(r["prompt"])) for r in records]
+        return texts, [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     users = [spec.render_prompt(r) for r in records]
     texts = [format_prompt(tokenizer, u, **settings) for u in users]
     return texts, encode_prompts(tokenizer, users, **settings)

@@ -122,7 +122,26 @@ class GenerateOptions:
         metavar="TOKEN",
     )
 
+    prompt_format: str | None = _flag(
+        None,
+        "--prompt-format",
+        "A raw prompt format written as an evaluation's source writes it (qwen25-math-cot: "
+        "Qwen2.5-Math's), for the benchmarks whose grader it fits; the chat template and the "
+        "benchmark's prompt_template are then not applied [none; the generate rule passes "
+        "models.<m>.prompt_format].",
+        metavar="NAME",
+    )
+
     def __post_init__(self) -> None:
+        if self.prompt_format is not None:
+            from aggbench.evaluation.prompt_formats import get_prompt_format
+            from aggbench.evaluation.score import EvaluationError
+            from aggbench.registry import RegistryError
+
+            try:
+                get_prompt_format(self.prompt_format)
+            except RegistryError as exc:
+                raise EvaluationError(f"--prompt-format: {exc}") from None
         if self.tensor_parallel_size > 1 and self.engine != "vllm":
             from aggbench.evaluation.score import EvaluationError  # not imported by the Snakefile
 
@@ -194,6 +213,7 @@ WORKFLOW: tuple[FromConfig, ...] = (
     FromConfig("enable_thinking", "model"),
     FromConfig("chat_template", "model", unless=(None, True)),  # true: the benchmark's use_chat_template
     FromConfig("stop_tokens", "model"),
+    FromConfig("prompt_format", "model", unless=(None, "")),  # last: added later, the others keep their order
 )
 
 
