@@ -261,3 +261,6 @@ def test_the_7b_evaluates_on_qwen_math_evals_own_prompt_and_livecodebench_on_its
     text = (PAPER.parent / "benchmarks" / "livecodebench.yaml").read_text()
     assert load_benchmark_spec("livecodebench").system_prompt == "You are a helpful assistant."
     assert "28fef95ea8c9f7a547c8329f2cd3d32b92c1fa24" in text and "SYSTEM_MESSAGE_CODEQWEN" in text
+    # 4(d): the offline public-tests-only copy is refused unless the config says so
+    assert exp["evaluation"]["allow_public_tests_only"] is False
+    assert "public tests only" in raw[raw.index("\nevaluation:\n") : raw.index("allow_public_tests_only")]

@@ -182,3 +182,20 @@ def test_a_benchmark_not_fetched_or_fetched_for_other_spec_data_is_refused(tmp_p
     assert len(load_benchmark("tiny_test", fetched=root)) > 0
     with pytest.raises(FetchedDataError, match=r"--refetch math500: not among the benchmarks fetched"):
         fetch_benchmarks(["aime24"], root, refetch=["math500"], echo=lambda _line: None)
+
+
+def test_public_tests_only_is_refused_unless_allowed(shared_data, tmp_path):
+    """Issue 28, item 4(d): the offline LiveCodeBench copy has public tests only; the grid's fetch
+    refuses it (nothing written, the message names the config key), and accepts it when allowed,
+    recording the count in the lock."""
+    root = tmp_path / "fetched"
+    with pytest.raises(FetchedDataError, match="evaluation.allow_public_tests_only: true"):
+        fetch_benchmarks(
+            ["livecodebench"], root, data_dir=shared_data, echo=lambda _: None, allow_public_tests_only=False
+        )
+    assert not records_file(root, "livecodebench").exists()
+    lock = fetch_benchmarks(["livecodebench"], root, data_dir=shared_data, echo=lambda _: None)
+    entry = lock["livecodebench"]
+    assert entry["public_tests_only"] == entry["records"] > 0
+    records, _ = read_fetched(load_benchmark_spec("livecodebench"), root)
+    assert len(records) == entry["records"] and all(r["public_tests_only"] for r in records)

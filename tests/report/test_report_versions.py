@@ -78,3 +78,18 @@ def test_prompts_beyond_the_context_are_in_the_table_notes(grid):
     assert md.count("not generated and graded wrong") == 1  # one note, under the one last-step table
     assert "math500: responses whose max_tokens the model's context cut short: 5 at step 12" in md
     assert "math500: responses whose max_tokens the model's context cut short: 5 at step 12" in md
+
+
+def test_a_benchmark_graded_on_public_tests_only_is_footnoted(grid):
+    """Issue 28, item 4(d): a cell whose code benchmark was graded on its public tests only (the
+    offline LiveCodeBench copy) gets a footnote under its tables saying so and what it means."""
+    tmp_path, config = grid
+    path = tmp_path / "results" / "runs" / rf.cell_id("token", 1) / "eval" / "step_8" / "math500.metrics.json"
+    metrics = json.loads(path.read_text())
+    path.write_text(json.dumps({**metrics, "public_tests_only": True, "notes": ["public tests only"]}))
+    _, md = _report(tmp_path, config)
+    note = (
+        f"token: {rf.cell_id('token', 1)}: math500: public tests only (the offline copy has no private tests)"
+    )
+    assert note in md
+    assert md.count("public tests only (the offline copy") == 1  # the one cell, under the one last table

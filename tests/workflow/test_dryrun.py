@@ -87,6 +87,10 @@ def test_paper_commands_carry_the_model_overrides_and_stop_tokens(wf, tmp_path):
     lines = proc.stdout.splitlines()
     cmd = next(ln for ln in lines if "aggbench prepare-model Qwen/Qwen2.5-Math-7B" in ln)
     assert "--config-override max_position_embeddings=32768" in cmd
+    fetch = next(ln for ln in lines if "aggbench data fetch" in ln)
+    assert (
+        "--refuse-public-tests-only" in fetch
+    )  # issue 28, item 4(d): evaluation.allow_public_tests_only false
     generate = [ln for ln in lines if "aggbench generate" in ln]
     assert len(generate) == 98  # 96 checkpoints + 2 base models
     assert all("--stop-token '<|im_end|>' --stop-token '<|endoftext|>'" in ln for ln in generate)

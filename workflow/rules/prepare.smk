@@ -58,8 +58,14 @@ rule fetch_benchmarks:
     params:
         benchmarks=",".join(BENCHMARKS),
         out=benchmark_data(),
+        # the offline LiveCodeBench copy has public tests only: refused unless the config allows it
+        public=(
+            "--allow-public-tests-only"
+            if EVAL.get("allow_public_tests_only")
+            else "--refuse-public-tests-only"
+        ),
     shell:
-        "{ENV} aggbench data fetch --benchmarks {params.benchmarks} --out {params.out:q} > {log} 2>&1"
+        "{ENV} aggbench data fetch --benchmarks {params.benchmarks} --out {params.out:q} {params.public} > {log} 2>&1"
 
 
 rule experiment_config:

@@ -36,12 +36,20 @@ def command() -> None:
     default=None,
     help="Offline benchmark files to read instead of the hub [$AGGBENCH_DATA_DIR].",
 )
+@click.option(
+    "--allow-public-tests-only/--refuse-public-tests-only",
+    "allow_public",
+    default=None,
+    help="Accept a code benchmark whose only source has public tests only (the offline LiveCodeBench "
+    "copy) [with --config: its evaluation.allow_public_tests_only, default refuse; else accept].",
+)
 def fetch(
     config: str | None,
     benchmarks: str | None,
     out: str | None,
     refetch: tuple[str, ...],
     data_dir: str | None,
+    allow_public: bool | None,
 ) -> None:
     """Fetch benchmarks at their pinned revisions; record (first fetch) or check each file's sha256.
 
@@ -59,11 +67,20 @@ def fetch(
 
             exp = load_experiment(config)
             names = list(exp["benchmarks"])
+            if allow_public is None:
+                allow_public = bool(exp["evaluation"].get("allow_public_tests_only", False))
             root = out or str(layout.benchmark_data_dir(results_dir(exp)))
         else:
             names = [b.strip() for b in (benchmarks or "").split(",") if b.strip()]
             if not names or out is None:
                 raise click.UsageError("--benchmarks needs at least one name and --out DIR")
             root = out
-        fetch_benchmarks(names, root, refetch=refetch, data_dir=data_dir, echo=click.echo)
+        fetch_benchmarks(
+            names,
+            root,
+            refetch=refetch,
+            data_dir=data_dir,
+            echo=click.echo,
+            allow_public_tests_only=True if allow_public is None else allow_public,
+        )
     click.echo(f"OK: {len(names)} benchmark(s) in {root}")

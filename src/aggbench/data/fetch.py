@@ -151,8 +151,13 @@ def fetch_benchmarks(
     refetch: Iterable[str] = (),
     data_dir: str | Path | None = None,
     echo: Callable[[str], None] = print,
+    allow_public_tests_only: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """Fetch every benchmark of ``names`` into ``root`` (see the module docstring); returns the lock.
+
+    ``allow_public_tests_only=False`` (the grid's default, ``evaluation.allow_public_tests_only``)
+    refuses a code benchmark whose only source here has public tests only (the offline
+    LiveCodeBench copy): its pass rates are not the benchmark's; nothing is written for it.
 
     Already fetched benchmarks are checked, not fetched again, unless named in ``refetch``. The lock
     is rewritten after each benchmark, so an interruption keeps what was fetched. Errors from one
@@ -180,12 +185,21 @@ def fetch_benchmarks(
         t0 = time.perf_counter()
         rows, source = iter_records(spec, data_dir)
         digest, count = hashlib.sha256(), 0
+        public_only = 0
         with atomic_writer(records_file(root, name)) as fh:
             for record in rows:
                 line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
                 digest.update(line.encode("utf-8"))
                 fh.write(line)
                 count += 1
+                public_only += bool(record.get("public_tests_only"))
+            if public_only and not allow_public_tests_only:  # raised inside: the file is not kept
+                raise FetchedDataError(
+                    f"{name}: the source here ({source}) has public tests only for {public_only} of "
+                    f"{count} problems, so its pass rates would not be the benchmark's. Fetch where "
+                    "the hub is reachable (the private tests), or set evaluation.allow_public_tests_only: "
+                    "true in the config to evaluate on public tests only (the tables then footnote it)"
+                )
         entries[name] = {
             "source": source,
             "spec_version": spec.version,
@@ -193,6 +207,7 @@ def fetch_benchmarks(
             "file": records_file(root, name).name,
             "sha256": digest.hexdigest(),
             "records": count,
+            "public_tests_only": public_only,
             "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         _write_lock(root, entries)

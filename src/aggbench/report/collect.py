@@ -36,6 +36,9 @@ class CellData:
     # the context policy's counts (aggbench.evaluation.context): {"not_generated" | "context_capped":
     # {benchmark: {step: n}}}
     context: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
+    # what the evaluation noted per benchmark (MLflow tag eval/{benchmark}/notes): "public tests only"
+    # for a code benchmark graded on its public tests only
+    bench_notes: dict[str, str] = field(default_factory=dict)
     # the evaluation's bootstrap interval of the tabulated metric, where it has one (avg@n):
     # {benchmark: {step: (low, high)}} in percent; shown when a row has one seed
     ci: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
@@ -220,6 +223,11 @@ def collect(
                     for b in benchmarks
                 }
                 for kind in metric_names.CONTEXT_COUNTS
+            }
+            data.bench_notes = {
+                b: note
+                for b in benchmarks
+                if (note := run.data.tags.get(metric_names.mlflow_key(b, "notes")))
             }
             wanted = [
                 SENTINEL,

@@ -240,6 +240,16 @@ def _context_notes(context: Mapping[str, Mapping[str, Mapping[int, float]]]) -> 
     return out
 
 
+def _bench_note(note: str) -> str:
+    """An evaluation's note as a footnote: public tests only says what it means for the number."""
+    if note == "public tests only":
+        return (
+            "public tests only (the offline copy has no private tests): a pass rate on public tests "
+            "is higher than, and not comparable with, one on the full tests"
+        )
+    return note
+
+
 def build_tables(col: Collected, *, mismatched: Iterable[str] = ()) -> dict[str, list[Table]]:
     """{"peak": [per-benchmark and best-average table of every block], "last": [...]}.
 
@@ -262,6 +272,9 @@ def build_tables(col: Collected, *, mismatched: Iterable[str] = ()) -> dict[str,
                     flagged.add(rule)
                     notes.append(f"{rule}: {c.cell.id}: {'; '.join(why)}")
                 notes += [f"{rule}: {c.cell.id}: {n}" for n in _context_notes(c.context)]
+                notes += [
+                    f"{rule}: {c.cell.id}: {b}: {_bench_note(n)}" for b, n in sorted(c.bench_notes.items())
+                ]
         base_vals = col.base.get(model, {})
         missing_base = [b for b in benches if b not in base_vals]
         if col.base_expected and missing_base:
