@@ -102,6 +102,12 @@ def test_evaluation_sampling_and_model_choices_name_their_sources():
     assert q3["source"] == "Qwen/Qwen3-1.7B" and q3["enable_thinking"] is False
     head = raw[raw.index("  qwen3-1.7b:") : raw.index("enable_thinking: false")]
     assert "Qwen/Qwen3-1.7B-Base is the alternative" in head and "non-thinking mode" in head
+    # issue 28, item 4(c): Qwen3 is evaluated with its non-thinking mode's own recommendation
+    assert q3["evaluation_sampling"] == {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
+    label = raw[raw.index("enable_thinking: false") : raw.index("evaluation_sampling:")]
+    assert "[Qwen3]" in label and "non-thinking" in label and "7a2f61ffc7a20d47efcd2bf97f6f2bf52729042e" in label
+    assert "evaluation_sampling" not in exp["models"]["qwen2.5-math-7b"]
+    assert exp["training"]["sampling"]["top_k"] == -1
 
 
 def test_training_and_evaluation_answer_formats_are_both_graded():

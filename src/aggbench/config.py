@@ -152,6 +152,9 @@ class AlgorithmConfig(_Strict):
 class SamplingConfig(_Strict):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    top_k: int = Field(
+        0, ge=-1, description="Sample among the k most likely tokens only; 0 or -1 (verl's default) is off."
+    )
     max_new_tokens: int = Field(64, ge=1, description="Maximum response length (also constant's L_max).")
     max_prompt_tokens: int = Field(
         256,

@@ -64,12 +64,14 @@ def check_generation(out: Path, shared_data: Path) -> dict[str, list[dict]]:
         "n": 2,
         "temperature": 1.0,
         "top_p": 1.0,
+        "top_k": 0,
         "max_tokens": 8,
     }
     assert info["benchmarks"]["math500"]["sampling"] == {
         "n": 2,
         "temperature": 0.6,
         "top_p": 0.95,
+        "top_k": 0,
         "max_tokens": 8,
     }
     return rows

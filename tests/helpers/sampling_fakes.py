@@ -14,7 +14,7 @@ class CountingEngine:
     def __init__(self) -> None:
         self.calls = 0
 
-    def generate(self, prompts, *, n, temperature, top_p, max_new_tokens, seed):
+    def generate(self, prompts, *, n, temperature, top_p, max_new_tokens, seed, top_k=0):
         self.calls += 1
         flat = [(g, p) for g, p in enumerate(prompts) for _ in range(n)]
         return Rollouts(

@@ -86,6 +86,17 @@ def test_same_prompt_twice_in_a_call_is_independent_and_reproducible(engine, tok
     assert again.response_ids == first.response_ids and again.texts == first.texts
 
 
+def test_top_k_is_a_sampling_setting(engine, tok):
+    """Issue 28, item 4(c): top_k reaches vLLM's SamplingParams: top_k=1 keeps only the argmax, so
+    every sample of a prompt is the same response; top_k=0 (off) samples the near-uniform model."""
+    p = ids_of(tok, "3 + 4")
+    kw = {"n": 4, "max_new_tokens": 16, **SAMPLE}
+    one = by_group(engine.generate([p], seed=[5], top_k=1, **kw), 0)
+    off = by_group(engine.generate([p], seed=[5], top_k=0, **kw), 0)
+    assert len(one) == len(off) == 4
+    assert len({tuple(r) for r in one}) == 1 and len({tuple(r) for r in off}) > 1
+
+
 def test_per_prompt_seeds_do_not_depend_on_the_other_prompts(engine, tok):
     p, q = ids_of(tok, "1 + 1"), ids_of(tok, "9 + 9")
     kw = {"n": 3, "max_new_tokens": 12, **SAMPLE}

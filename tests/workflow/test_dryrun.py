@@ -98,5 +98,9 @@ def test_paper_commands_carry_the_model_overrides_and_stop_tokens(wf, tmp_path):
     qwen7b = [ln for ln in generate if "qwen2.5-math-7b" in ln]
     assert len(qwen7b) == 49 and all("--prompt-format qwen25-math-cot" in ln for ln in qwen7b)
     assert not [ln for ln in generate if "qwen2.5-math-7b" not in ln and "--prompt-format" in ln]
+    # item 4(c): Qwen3's generate jobs sample as its non-thinking mode recommends
+    qwen3 = [ln for ln in generate if "qwen3-1.7b" in ln]
+    assert len(qwen3) == 49 and all("--temperature 0.7 --top-p 0.8 --top-k 20" in ln for ln in qwen3)
+    assert not [ln for ln in qwen7b if "--top-k" in ln]
     # item 5: every generate job caps budgets at its model's context (32,768 for both paper models)
     assert all("--max-context 32768" in ln for ln in generate)

@@ -60,6 +60,7 @@ class Sampling(Strict):
     n: int = Field(ge=1)
     temperature: float = Field(ge=0.0)
     top_p: float = Field(gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1)  # 0 or -1: off
     max_tokens: int = Field(ge=1)
     seed: int | None = None
 

@@ -125,6 +125,7 @@ def sampling_for(spec: Any, options: GenerateOptions) -> dict[str, Any]:
         "n": pick(options.n, s.n),
         "temperature": pick(options.temperature, s.temperature),
         "top_p": pick(options.top_p, s.top_p),
+        "top_k": pick(options.top_k, s.top_k),
         "max_tokens": pick(options.max_tokens, s.max_tokens),
     }
 
@@ -394,6 +395,7 @@ def _generate_chunk(
         top_p=sampling["top_p"],
         max_new_tokens=max_new,
         seed=seed,
+        top_k=sampling["top_k"],
     )
 
 

@@ -68,6 +68,7 @@ class GenerateOptions:
         None, "--temperature", "Sampling temperature [YAML]; 0 = greedy.", min=0
     )
     top_p: float | None = _flag(None, "--top-p", "Nucleus sampling [YAML].", min=0, max=1, min_open=True)
+    top_k: int | None = _flag(None, "--top-k", "Sample among the k most likely tokens; 0 = off [YAML, else 0].", min=-1)
     max_tokens: int | None = _flag(None, "--max-tokens", "Max new tokens per response [YAML].", min=1)
     seed: int = _flag(0, "--seed", "Base sampling seed.", show_default=True)
     system_prompt: str | None = _flag(None, "--system-prompt", "System message [YAML's system_prompt].")
@@ -190,7 +191,8 @@ def cli_args(name: str, value: Any) -> list[str]:
 @dataclass(frozen=True)
 class FromConfig:
     """Where the generate rules take field ``name`` from: ``section`` "evaluation" (the config's
-    ``evaluation.<name>``), "model" (``models.<m>.<name>``) or "job" (the generate job itself). The
+    ``evaluation.<name>``), "model" (``models.<m>.<name>``), "model_sampling"
+    (``models.<m>.evaluation_sampling.<name>``) or "job" (the generate job itself). The
     option is left out when its value is one of ``unless`` (the benchmark's, the checkpoint's or the
     template's own setting holds); ``unless=()``: always passed, the key must be there."""
 
@@ -214,18 +216,28 @@ WORKFLOW: tuple[FromConfig, ...] = (
     FromConfig("chat_template", "model", unless=(None, True)),  # true: the benchmark's use_chat_template
     FromConfig("stop_tokens", "model"),
     FromConfig("prompt_format", "model", unless=(None, "")),  # last: added later, the others keep their order
+    # models.<m>.evaluation_sampling: the model's own recommended sampling over the benchmarks' YAML
+    FromConfig("temperature", "model_sampling"),
+    FromConfig("top_p", "model_sampling"),
+    FromConfig("top_k", "model_sampling"),
 )
 
 
 def workflow_args(evaluation: Mapping[str, Any], model: Mapping[str, Any], gpus: int) -> list[str]:
     """``aggbench generate``'s sampling options for one model's generate jobs, in :data:`WORKFLOW`'s order.
 
-    ``evaluation``: the config's ``evaluation`` section; ``model``: the model's entry of ``models``;
+    ``evaluation``: the config's ``evaluation`` section; ``model``: the model's entry of ``models``
+    (its ``evaluation_sampling`` the section "model_sampling");
     ``gpus``: the generate job's GPUs, which vLLM spans with tensor parallelism when there are several
     (a different GPU count changes the reductions' order, so it counts as a sampling option too).
     """
     job = {"tensor_parallel_size": gpus if evaluation["engine"] == "vllm" and gpus > 1 else None}
-    sections = {"evaluation": evaluation, "model": model, "job": job}
+    sections = {
+        "evaluation": evaluation,
+        "model": model,
+        "job": job,
+        "model_sampling": model.get("evaluation_sampling") or {},
+    }
     args: list[str] = []
     for source in WORKFLOW:
         values = sections[source.section]

@@ -65,8 +65,11 @@ class RolloutEngine(Protocol):
         top_p: float,
         max_new_tokens: int | list[int],
         seed: int | list[int] | None,
+        top_k: int = 0,
     ) -> Rollouts:
         """Sample ``n`` responses for each tokenised prompt; groups are numbered 0..len(prompts)-1.
+
+        top_k: sample among the k most likely tokens only; 0 (or -1, verl's and vLLM's spelling) is off.
 
         max_new_tokens: one budget for every prompt, or one per prompt. seed: one int seeds the call
         (its prompts still draw independent samples), a list seeds each prompt (results then do not

@@ -35,12 +35,14 @@ class HFEngine:
         top_p: float,
         max_new_tokens: int | list[int],
         seed: int | list[int] | None,
+        top_k: int = 0,
     ) -> Rollouts:
         """``n`` samples per prompt. seed: one int seeds the call (rows draw one after another from
         one generator, so they are independent); a list seeds each prompt, one generate call per
         prompt; None leaves torch's generator as it is. max_new_tokens: one budget, or one per
-        prompt (generated to the largest, each response cut at its own: the same distribution)."""
-        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+        prompt (generated to the largest, each response cut at its own: the same distribution).
+        top_k: 0 or -1 is off (transformers' top_k=0)."""
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": max(top_k, 0)}
         budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
         if len(budgets) != len(prompts):
             raise ValueError(f"max_new_tokens: {len(budgets)} values for {len(prompts)} prompts")

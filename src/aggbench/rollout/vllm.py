@@ -80,19 +80,19 @@ def _import_vllm() -> Any:
 
 
 def sampling_kwargs(
-    *, n: int, temperature: float, top_p: float, max_new_tokens: int, seed: int | None
+    *, n: int, temperature: float, top_p: float, max_new_tokens: int, seed: int | None, top_k: int = 0
 ) -> dict[str, Any]:
     """Keyword arguments of one prompt's ``vllm.SamplingParams``, matching the HF engine's sampling.
 
     ``logprobs=0`` returns the sampled token's log-prob (with ``logprobs_mode="processed_logprobs"``:
-    after temperature and top-p, the distribution that was sampled); ``top_k=0`` is vLLM's "no
-    top-k". ``seed=None``: the engine's own generator (not bit-reproducible).
+    after temperature, top-k and top-p, the distribution that was sampled); ``top_k`` 0 or -1 is
+    vLLM's "no top-k" (passed as 0). ``seed=None``: the engine's own generator (not bit-reproducible).
     """
     kw: dict[str, Any] = {
         "n": n,
         "temperature": temperature,
         "top_p": top_p,
-        "top_k": 0,
+        "top_k": max(top_k, 0),
         "max_tokens": max_new_tokens,
         "logprobs": 0,
         "skip_special_tokens": True,
@@ -352,6 +352,7 @@ class VLLMEngine:
         top_p: float,
         max_new_tokens: int | list[int],
         seed: int | list[int] | None,
+        top_k: int = 0,
     ) -> Rollouts:
         """G = ``n`` samples per prompt in ONE call with one ``SamplingParams`` per prompt (its own
         seed and token budget); groups are numbered by prompt position."""
@@ -360,7 +361,9 @@ class VLLMEngine:
         budgets = per_prompt(max_new_tokens, len(prompts), "max_new_tokens")
         params = [
             vllm.SamplingParams(
-                **sampling_kwargs(n=n, temperature=temperature, top_p=top_p, max_new_tokens=b, seed=s),
+                **sampling_kwargs(
+                    n=n, temperature=temperature, top_p=top_p, max_new_tokens=b, seed=s, top_k=top_k
+                ),
                 **({"stop_token_ids": self.stop_token_ids} if self.stop_token_ids else {}),
             )
             for b, s in zip(budgets, prompt_seeds(seed, len(prompts)), strict=True)

@@ -159,4 +159,5 @@ def generate(sampler: Sampler, ids: list[list[int]], *, step: int, rounds: int, 
         top_p=s.top_p,
         max_new_tokens=s.max_new_tokens,
         seed=seed,
+        top_k=s.top_k,
     )
