@@ -53,7 +53,8 @@ class DatasetConfig(_Strict):
         "tiny",
         description=(
             "Reward: a registered grader that can reward training (built in: tiny exact match, math, "
-            "dapo = the DAPO recipe's verl math_dapo reward)."
+            "dapo = the DAPO recipe's verl math_dapo reward), or random: a seeded Bernoulli(random_p) "
+            "reward, the negative control."
         ),
     )
     compare_grader: str | None = Field(
@@ -64,14 +65,23 @@ class DatasetConfig(_Strict):
         ),
     )
 
+    random_p: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="grader: random only: the probability of reward 1 (a seeded Bernoulli, a negative control).",
+    )
+
     @field_validator("grader", "compare_grader")
     @classmethod
-    def _rewarding_grader(cls, name: str | None) -> str | None:
+    def _rewarding_grader(cls, name: str | None, info: Any) -> str | None:
         from aggbench.graders import grader_names
         from aggbench.registry import did_you_mean
 
         if name is None:
             return None
+        if name == "random" and info.field_name == "grader":  # not a grader: aggbench.train.rewards
+            return name
         valid = grader_names(rewards=True)
         if name not in valid:
             raise ValueError(

@@ -69,11 +69,35 @@ def _schema_errors(exp: dict) -> list[str]:
     return out
 
 
+RANDOM_SUFFIX = "-random"  # a random-reward control's instance name: <aggregation>-random
+
+
 def aggregations(exp: dict) -> list[dict]:
     """The grid's aggregation instances: ``aggregations``, then ``ablations.aggregations`` when
-    ``ablations.enabled`` (off by default: an ablation adds cells, it never changes the main ones)."""
+    ``ablations.enabled`` (off by default: an ablation adds cells, it never changes the main ones),
+    then the random-reward controls when ``controls.random_reward.enabled``: for each named
+    instance, ``<name>-random``, the same rule trained on a seeded Bernoulli(p) reward (a negative
+    control: a gain that also appears there is not the verifier's doing)."""
     abl = exp.get("ablations") or {}
-    return list(exp["aggregations"]) + (list(abl.get("aggregations") or []) if abl.get("enabled") else [])
+    out = list(exp["aggregations"]) + (list(abl.get("aggregations") or []) if abl.get("enabled") else [])
+    rnd = (exp.get("controls") or {}).get("random_reward") or {}
+    if rnd.get("enabled"):
+        from aggbench.aggregation import resolve_instance  # torch: only for a grid with controls
+
+        by_name = {a["name"]: a for a in out}
+        for name in rnd.get("aggregations") or [a["name"] for a in exp["aggregations"]]:
+            base = by_name.get(name, {"name": name})
+            inst = resolve_instance(base)
+            out.append(
+                {
+                    "name": name + RANDOM_SUFFIX,
+                    "rule": inst.rule,
+                    "params": dict(inst.params),
+                    "reward": "random",
+                    "random_p": float(rnd.get("p", 0.5)),
+                }
+            )
+    return out
 
 
 def fill_defaults(exp: dict) -> dict:
@@ -305,12 +329,8 @@ def cell_train_config(exp: dict, cid: str) -> Any:
             "stop_tokens": train_stops,
             "chat_template": model.get("chat_template", True) and ds_spec.use_chat_template,
         },
-        "dataset": {
-            "name": c.dataset,
-            "path": str(root / "data" / f"{c.dataset}.jsonl"),
-            "grader": exp["datasets"][c.dataset].get("reward") or ds_spec.grader.name,
-            "compare_grader": exp["datasets"][c.dataset].get("compare_reward"),
-        },
+        "dataset": _dataset_reward(exp, c.dataset, ds_spec.grader.name, agg)
+        | {"name": c.dataset, "path": str(root / "data" / f"{c.dataset}.jsonl")},
         "aggregation": {"name": agg["name"], "rule": agg.get("rule"), "params": agg.get("params") or {}},
         "plugins": list(exp.get("plugins", [])),
         "tracking": {"tracking_uri": exp.get("tracking_uri"), "experiment": exp["experiment"]},
@@ -328,6 +348,17 @@ def cell_train_config(exp: dict, cid: str) -> Any:
         if isinstance(exc, ValidationError):
             raise GridError(format_validation_error(exc, f"training config of cell {cid}")) from None
         raise
+
+
+def _dataset_reward(exp: dict, dataset: str, spec_grader: str, agg: dict) -> dict[str, Any]:
+    """A cell's reward: the dataset's (``datasets.<d>.reward``, else its spec's grader) and its
+    comparison grader; a random-reward control trains on ``random`` and compares with the
+    dataset's reward, so its logged disagreement shows how far the random labels are from right."""
+    entry = exp["datasets"][dataset]
+    reward = entry.get("reward") or spec_grader
+    if agg.get("reward") == "random":
+        return {"grader": "random", "random_p": agg["random_p"], "compare_grader": reward}
+    return {"grader": reward, "compare_grader": entry.get("compare_reward")}
 
 
 def job_counts(exp: dict) -> dict[str, int]:

@@ -39,6 +39,13 @@ def prompt_group(seed: int, step: int, round_: int, key: Hashable) -> int:
     return int.from_bytes(digest[:7], "little")
 
 
+def random_reward(seed: int, step: int, round_: int, key: Hashable) -> int:
+    """Training, ``dataset.grader: random``: the reward stream of one prompt group (its place in
+    the step, as :func:`prompt_group`), apart from the generation's own stream (56 bits)."""
+    digest = hashlib.sha256(repr(("random_reward", seed, step, round_, key)).encode()).digest()
+    return int.from_bytes(digest[:7], "little")
+
+
 def request(call_seed: int, position: int) -> int:
     """Rollout engines: the prompt at ``position`` of a generate call seeded with ``call_seed``.
 

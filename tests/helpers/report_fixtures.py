@@ -109,19 +109,25 @@ def write_run(
 
 
 def make_grid(
-    root: Path, *, reported: dict | None = None, store: bool = True, evals: dict | None = None
+    root: Path,
+    *,
+    reported: dict | None = None,
+    store: bool = True,
+    evals: dict | None = None,
+    controls: dict | None = None,
 ) -> Path:
     """Write the grid's config and run files under ``root``; returns the config path.
 
     store: start from a copy of an empty, already migrated MLflow database (saves MLflow's 5-7 s
     of migrations per test; the concurrency test starts from nothing instead). evals: another
     {(rule, seed): {benchmark: {step: value}}} than EVALS, every cell of it trained to the end (12
-    steps, checkpoints 4, 8, 12).
+    steps, checkpoints 4, 8, 12). controls: the config's ``controls`` (its cells then need ``evals``).
     """
     results = root / "results"
     for (rule, seed), by_bench in (evals or EVALS).items():
         last, ckpts = PROGRESS[(rule, seed)] if evals is None else (TOTAL, [4, 8, 12])
-        write_run(results / "runs" / cell_id(rule, seed), seed, last, ckpts, by_bench, RULES.index(rule))
+        index = RULES.index(rule) if rule in RULES else len(RULES)  # a control: <rule>-random
+        write_run(results / "runs" / cell_id(rule, seed), seed, last, ckpts, by_bench, index)
     base = results / "base" / MODEL / "eval" / "step_0"
     base.mkdir(parents=True)
     for bench, v in BASE.items():
@@ -142,6 +148,8 @@ def make_grid(
     }
     if reported is not None:
         exp["reported"] = reported
+    if controls is not None:
+        exp["controls"] = controls
     path = root / "exp.yaml"
     path.write_text(yaml.safe_dump(exp, sort_keys=False))
     return path

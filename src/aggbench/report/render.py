@@ -80,7 +80,7 @@ def to_markdown(tables: Sequence[Table], heading: str) -> str:
             label = r.label + (" †" if r.flagged else "")
             step = [str(r.step) if r.step is not None else "—"] if with_step else []
             cells_ = [
-                _cell_text(r.entries[c], show_step=not with_step, seeds=t.seeds if r.kind == "rule" else 0)
+                _cell_text(r.entries[c], show_step=not with_step, seeds=t.seeds if r.kind != "base" else 0)
                 for c in t.columns
             ]
             parts.append("| " + " | ".join([label, *step, *cells_]) + " |")
@@ -156,7 +156,7 @@ def to_latex(tables: Sequence[Table]) -> str:
                 _cell_text(
                     r.entries[c],
                     show_step=not with_step,
-                    seeds=t.seeds if r.kind == "rule" else 0,
+                    seeds=t.seeds if r.kind != "base" else 0,
                     latex=True,
                 )
                 for c in t.columns

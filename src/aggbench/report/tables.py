@@ -76,7 +76,7 @@ class Entry:
 @dataclass
 class Row:
     label: str
-    kind: str  # "rule" | "base"
+    kind: str  # "rule" | "base" | "control" (a random-reward control: never marked best)
     entries: dict[str, Entry]
     step: int | None = None
     flagged: bool = False
@@ -296,17 +296,22 @@ def build_tables(col: Collected, *, mismatched: Iterable[str] = ()) -> dict[str,
             for rule, seeds in groups.items():
                 entries, step = _rule_row(definition, seeds, benches)
                 entries[DROP] = _drop(seeds, benches)
-                rows.append(Row(rule, "rule", entries, step, rule in flagged))
+                kind = "control" if rule.endswith(grid.RANDOM_SUFFIX) else "rule"
+                rows.append(Row(rule, kind, entries, step, rule in flagged))
             for row in rows:
                 rep = _reported(col.exp, model, dataset, "base" if row.kind == "base" else row.label, benches)
                 for k, e in row.entries.items():
                     e.reported = rep.get(k)
             for k in columns:
-                shown = [round(r.entries[k].mean, 1) for r in rows if r.entries[k].mean is not None]
+                shown = [
+                    round(r.entries[k].mean, 1)
+                    for r in rows
+                    if r.entries[k].mean is not None and r.kind != "control"  # a control is no contender
+                ]
                 top = (min if k == DROP else max)(shown, default=None)  # the least drop is the best
                 for r in rows:
                     e = r.entries[k]
-                    e.best = e.mean is not None and round(e.mean, 1) == top
+                    e.best = r.kind != "control" and e.mean is not None and round(e.mean, 1) == top
             table = Table(model, dataset, definition, col.metric, columns, rows, notes, n_seeds)
             out["last" if definition == "last" else "peak"].append(table)
     return out

@@ -210,7 +210,7 @@ def _train_segment(
 ) -> dict:
     """Set up the segment (run files, model, optimizer, engine, the prompt stream at its cursor),
     run its steps (``aggbench.train.step``), checkpoint, and tear down."""
-    from aggbench.train.rewards import RewardFn
+    from aggbench.train.rewards import RewardFn, make_reward
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -237,7 +237,7 @@ def _train_segment(
     if tracker is not None:
         tracker.set_tags(run_tags(cfg, prep.rule, prep.plugin_files))
         tracker.sync(metrics_log.read(), upto=start)  # fills in steps a crash kept from MLflow
-    reward_fn = RewardFn(cfg.dataset.grader)
+    reward_fn = make_reward(cfg.dataset)
     compare_fn = RewardFn(cfg.dataset.compare_grader) if cfg.dataset.compare_grader else None
     engine = _open_engine(cfg, policy.model, tokenizer, model_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -38,3 +38,44 @@ class RewardFn:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+
+
+class RandomReward:
+    """The negative control's reward (``dataset.grader: random``): 1.0 with probability ``p``,
+    independent of the response, seeded per prompt group.
+
+    The sampler passes each response's group seed (``draw_seeds``: ``seeds.random_reward`` of the
+    cell seed, step, sampling round and the group's place in the step, as ``rollout.seeding:
+    prompt`` seeds generation), so the rewards do not depend on how prompts are split over ranks
+    and a resumed run draws the same ones. Within a group, responses draw in order from one stream.
+    """
+
+    draws = True  # the sampler passes draw_seeds
+
+    def __init__(self, p: float) -> None:
+        if not 0.0 < p < 1.0:
+            raise ValueError(f"random reward: p must be in (0, 1), got {p}")
+        self.grader = "random"
+        self.p = p
+
+    def __call__(self, responses: list[str], answers: list[Any], *, draw_seeds: list[int]) -> list[float]:
+        import random
+
+        if len(draw_seeds) != len(responses):
+            raise ValueError(f"draw_seeds: {len(draw_seeds)} seeds for {len(responses)} responses")
+        streams: dict[int, random.Random] = {}
+        out = []
+        for s in draw_seeds:
+            rng = streams.setdefault(s, random.Random(s))
+            out.append(1.0 if rng.random() < self.p else 0.0)
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def make_reward(dataset: Any) -> RewardFn | RandomReward:
+    """The training reward of a cell's ``dataset`` config (grader, random_p)."""
+    if dataset.grader == "random":
+        return RandomReward(dataset.random_p)
+    return RewardFn(dataset.grader)

@@ -44,12 +44,14 @@ class SamplingStats:
     compared: int = 0
     reward_only: int = 0
     compare_only: int = 0
+    compare_correct: int = 0
 
     def count_disagreements(self, rewards: list[float], other: list[float]) -> None:
         """Add one graded round: ``rewards`` [n] the training reward's, ``other`` [n] the comparison's."""
         self.compared += len(rewards)
         self.reward_only += sum(r > 0.5 and o <= 0.5 for r, o in zip(rewards, other, strict=True))
         self.compare_only += sum(r <= 0.5 and o > 0.5 for r, o in zip(rewards, other, strict=True))
+        self.compare_correct += sum(o > 0.5 for o in other)
 
 
 @dataclass
@@ -105,7 +107,11 @@ def sample(sampler: Sampler, *, stream: PromptStream, slots: list[int], step: in
         ids = encode_prompts(sampler.tokenizer, texts, max_tokens=s.max_prompt_tokens, **sampler.prompt_kw)
         roll = generate(sampler, ids, step=step, rounds=stats.rounds, keys=keys)
         answers = [recs[g]["answer"] for g in roll.group]
-        rewards = sampler.reward_fn(roll.texts, answers)
+        if getattr(sampler.reward_fn, "draws", False):  # the random-reward control: seeded per group
+            group_seeds = [seeds.random_reward(cfg.seed, step, stats.rounds, key) for key in keys]
+            rewards = sampler.reward_fn(roll.texts, answers, draw_seeds=[group_seeds[g] for g in roll.group])
+        else:
+            rewards = sampler.reward_fn(roll.texts, answers)
         if sampler.compare_fn is not None:
             stats.count_disagreements(rewards, sampler.compare_fn(roll.texts, answers))
         if stats.rounds == 0:

@@ -101,6 +101,8 @@ def record(
         row["reward/disagree_frac"] = (reward_only + compare_only) / compared
         row["reward/disagree_reward_only"] = reward_only  # the reward says right, the comparison wrong
         row["reward/disagree_compare_only"] = compare_only  # the comparison says right, the reward wrong
+        # the comparison's accuracy on every response graded (a random-reward control's real accuracy)
+        row["reward/compare_accuracy"] = sum(p.sampling.compare_correct for p in parts) / compared
     row.update(engine_checks.merge([p.engine for p in parts]))
     agg = diagnostics(
         mask, adv, gids, instances={rule.name: rule}, unit_loss=unit_loss, minibatches=upd.minibatches
