@@ -175,7 +175,8 @@ def style_rows(data: Path, seed: int = 0) -> list[dict]:
     response holds the gold answer; False: a control that holds a different number or
     expression, written the same way), ``response`` and ``answer`` (the gold as stored).
     Unboxed styles end in a last sentence with no box: ``So the answer is N.``, ``... is $x$.``,
-    ``Therefore, she has N coins.``; decorated ones box a number with ordinal or unit text. Equation
+    ``Therefore, she has N coins.``; ``unboxed_unstated`` (all controls, to be refused) holds the
+    gold mid-derivation in a response that never states an answer; decorated ones box a number with ordinal or unit text. Equation
     golds get their equation rearranged (right) and multiplied by 2 (wrong: a normalised form was
     asked).
     """
@@ -205,6 +206,14 @@ def style_rows(data: Path, seed: int = 0) -> list[dict]:
             written = ans if PLAIN_NUMBER.fullmatch(ans) else f"${ans}$"
             add("unboxed_answer_is", intended, f"{pad}So the answer is {written}.")
             add("unboxed_is_math", intended, f"{pad}Putting it all together, the value we want is ${ans}$.")
+        # refused: the gold value met mid-derivation in a response that never states an answer
+        # (plain math-verify reads its last number or math, and calls it right)
+        add(
+            "unboxed_unstated",
+            False,
+            f"{pad}Substituting gives ${g}$ for the first part; the other cases follow the same way. "
+            "Let me know if you'd like me to elaborate on any step!",
+        )
         if INTEGER.fullmatch(g):
             n = int(g)
             for intended, m in ((True, n), (False, n + 1)):

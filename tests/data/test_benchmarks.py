@@ -82,7 +82,7 @@ def test_unknown_yaml_keys_are_named_with_allowed_keys(tmp_path: Path) -> None:
         load_benchmark_spec(_write_yaml(tmp_path, "math500", text))
     msg = str(err.value)
     assert "unknown key 'sampling.temprature'. Did you mean 'temperature'?" in msg
-    assert "Allowed keys under 'sampling': max_tokens, n, seed, temperature, top_p" in msg
+    assert "Allowed keys under 'sampling': max_tokens, n, seed, temperature, top_k, top_p" in msg
     assert "unknown key 'promt_template'. Did you mean 'prompt_template'?" in msg
     assert "sampling.temperature: Field required" in msg
     assert str(tmp_path / "math500.yaml") in msg

@@ -200,3 +200,21 @@ def test_a_plugin_grader_is_graded_by_name(tmp_path, monkeypatch):
         assert [(r["correct"], r["reason"]) for r in read_jsonl(out)] == [(True, "exact"), (False, "exact")]
     finally:
         GRADERS.remove("exact_cli_test")  # other tests see the built-ins only
+
+
+def test_a_multiple_answer_flag_reaches_the_grader_through_the_cli(tmp_path):
+    """OlympiadBench's is_multiple_answer (record["grading"]) reaches grade_math through `aggbench
+    grade` (and so `score`): with it an extra boxed answer is wrong even for a one-answer gold."""
+    flagged = {"is_multiple_answer": True}
+    lines = [
+        {
+            "response": "\\boxed{(1,8,19)}, \\boxed{(2,7,13)}",
+            "answer": ["$(1,8,19), (2,7,13)$"],
+            "grading": flagged,
+        },
+        {"response": "\\boxed{2}, \\boxed{3}", "answer": ["$3$"], "grading": flagged},
+        {"response": "\\boxed{2}, \\boxed{3}", "answer": ["$3$"]},  # no flag: the last box decides
+    ]
+    result, out = _grade(tmp_path, lines, "--grader", "math", "--workers", "1")
+    assert result.exit_code == 0, result.output
+    assert [r["correct"] for r in read_jsonl(out)] == [True, False, True]

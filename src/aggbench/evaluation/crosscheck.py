@@ -396,6 +396,7 @@ def _compare_benchmark(
         "pool": pool,
         "tolerances": [o.get("tolerance") for o in opts],
         "units": [o.get("unit") for o in opts],
+        "multiple_answers": [o.get("multiple_answer") for o in opts],
     }
     ours_v = [v.to_dict() for v in grade_math_batch(roll.texts, golds, **kw)]
     theirs_v = [v.to_dict() for v in grade_math_batch(theirs, golds, **kw)]

@@ -48,8 +48,8 @@ def grade_math_rows(
     *,
     progress: Callable[[int], Any] | None = None,
 ) -> list[MathVerdict]:
-    """One verdict per math row; ``options[i]``: row i's grading options (``tolerance``, ``unit``)
-    as :func:`aggbench.grading.math.grading_options` returns them."""
+    """One verdict per math row; ``options[i]``: row i's grading options (``tolerance``, ``unit``,
+    ``multiple_answer``) as :func:`aggbench.grading.math.grading_options` returns them."""
     from aggbench.grading.math import grade_math_batch
 
     return grade_math_batch(
@@ -58,6 +58,7 @@ def grade_math_rows(
         pool=pool,
         tolerances=[o.get("tolerance") for o in options],
         units=[o.get("unit") for o in options],
+        multiple_answers=[o.get("multiple_answer") for o in options],
         progress=progress,
     )
 

@@ -21,8 +21,11 @@ unit outside it or Python literals (``4.5e33``, ``-1./3``, ``np.arcsin(10/13)``)
 lists of answers; the tests pin those behaviours. One deliberate deviation: math-verify calls any
 two numbers below ~5e-7 equal (it compares 6 decimal places), so for golds below 1e-3 a numeric
 prediction must also agree to a relative 1e-3 (Minerva's 7e-19 is not 2.88e-19). Another: an
-equation is not accepted for an equation gold when it only agrees up to a scale factor
-(``4x - 2y + 6z = 16`` for ``2x - y + 3z = 8``; such golds are asked in a normalised form). On top of
+equation that only agrees with an equation gold up to a scale factor is accepted only when it is
+itself in a normalised form (``4x - 2y + 6z = 16`` for ``2x - y + 3z = 8`` is refused, ``y = -x/2 + 3/4``
+for ``2x + 4y - 3 = 0`` accepted; see :mod:`aggbench.grading.math_equations`). A response ending in
+a list of boxes is graded as the set of them where the problem asks for several answers
+(:func:`grade_math`'s ``multiple_answer``). On top of
 math-verify: an optional absolute
 numeric ``tolerance`` (OlympiadBench ``error``) and an optional ``unit`` stripped from the end of
 the prediction (OlympiadBench ``unit``, e.g. ``cm^2`` or ``%``, which math-verify does not know).
@@ -51,11 +54,13 @@ from typing import TYPE_CHECKING, Any
 import sympy
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
+from aggbench.grading.math_equations import compare_equations, first_equation
 from aggbench.grading.math_extract import (
     _BOX_COMMANDS,
     MAX_ANSWER_CHARS,
-    _last_boxed,
     extract_answer,
+    extract_answers,
+    final_boxes,
     strip_number_decoration,
 )
 
@@ -87,7 +92,7 @@ class MathVerdict:
     correct: ``exact_match``, ``integer_match``, ``equivalent`` (math-verify), ``within_tolerance``.
     wrong: ``no_answer``, ``empty_answer``, ``answer_too_long``, ``integer_mismatch``,
     ``not_equivalent``, ``small_number_mismatch`` (see :func:`_small_numbers_differ`),
-    ``scaled_equation`` (see :func:`_compare_equations`),
+    ``scaled_equation`` (see :mod:`aggbench.grading.math_equations`),
     ``gold_unparseable``, ``timeout``, ``worker_crashed``, ``error: ...``.
     """
 
@@ -127,16 +132,18 @@ def clean_gold(gold: str) -> str:
     """A gold string as stored in the benchmark files -> the bare answer.
 
     A string with a ``\\boxed{}`` (Minerva: the whole solution) gives that box's content, so a unit
-    written after the box is dropped. A gold that starts with ``$`` loses its ``$`` signs
+    written after the box is dropped; a list of boxes ending the string (``\\boxed{1} and
+    \\boxed{-2}``, see :func:`~aggbench.grading.math_extract.final_boxes`) gives their contents
+    joined by commas. A gold that starts with ``$`` loses its ``$`` signs
     (OlympiadBench ``'$69$,$84$'`` -> ``69,84``) and a trailing period (``'$(-\\infty, 0)$.'``).
     An escaped ``\\$`` (MATH-500 ``'\\$18.90'``) stays; math-verify reads it as a currency sign.
     """
     if not isinstance(gold, str):
         gold = str(gold)  # ints (the AReaL copy of AIME 2025)
     if any(c in gold for c in _BOX_COMMANDS):
-        boxed = _last_boxed(gold)
-        if boxed is not None:
-            gold = boxed
+        boxes = final_boxes(gold)  # one box, or a list of them ("\\boxed{1} and \\boxed{-2}")
+        if boxes:
+            gold = ", ".join(boxes)
     gold = gold.strip()
     if gold.startswith("$"):
         # Remove every unescaped $ rather than pairing them: one OlympiadBench gold is '$221,$8$'.
@@ -214,41 +221,6 @@ def _small_numbers_differ(gold: str, pred_parsed: Sequence[Any]) -> bool:
     return p is not None and abs(p - g) > 1e-3 * abs(g)
 
 
-def _first_equation(values: Sequence[Any]) -> sympy.Eq | None:
-    """The first parsed value if it is an equation in some unknown (``2x - y + 3z = 8``), else None."""
-    for v in values:
-        if isinstance(v, sympy.Basic):
-            return v if isinstance(v, sympy.Eq) and v.free_symbols else None
-    return None
-
-
-def _compare_equations(pred: str, gold_eq: sympy.Eq, pred_eq: sympy.Eq) -> MathVerdict:
-    """Two equations: equal when their ``lhs - rhs`` agree, or agree with opposite sign (the sides
-    swapped), compared by math-verify's ``verify`` on those expressions.
-
-    math-verify alone also accepts two equations when ``solve()`` gives both the same solutions,
-    which any non-zero multiple of an equation has: ``4x - 2y + 6z = 16`` "equals"
-    ``2x - y + 3z = 8``. Golds that are equations are asked in a normalised form (MATH-500's plane:
-    "A > 0 and gcd(|A|,|B|,|C|,|D|) = 1", lines as "y = mx + b"), so that route is left out here:
-    verdict ``scaled_equation`` when the two differ by a constant factor, else ``not_equivalent``.
-    Leaving it out also skips solve(), which takes 15 s on a differential equation beside
-    ``(x-2)(x-3) = 0``.
-    """
-    try:
-        dg, dp = gold_eq.lhs - gold_eq.rhs, pred_eq.lhs - pred_eq.rhs
-    except TypeError:  # "x \in [-2, 7]" is read as Eq(x, Interval): math-verify's own comparison
-        same = bool(verify(gold_eq, pred_eq, timeout_seconds=None))
-        return MathVerdict(same, pred, "equivalent" if same else "not_equivalent")
-    if verify(dg, dp, timeout_seconds=None) or verify(dg, -dp, timeout_seconds=None):
-        return MathVerdict(True, pred, "equivalent")
-    try:
-        ratio = sympy.cancel(dg / dp)
-        scaled = bool(ratio.is_number) and ratio != 0
-    except Exception:  # noqa: BLE001 - sympy raises many kinds; then it is just not equivalent
-        scaled = False
-    return MathVerdict(False, pred, "scaled_equation" if scaled else "not_equivalent")
-
-
 def _compare(pred: str, gold: str, tolerance: float | None) -> MathVerdict:
     # Shortcut 1: identical strings. It cannot change a verdict: identical strings parse to
     # identical results, and math-verify also compares its fallback strings (the normalised
@@ -266,9 +238,10 @@ def _compare(pred: str, gold: str, tolerance: float | None) -> MathVerdict:
     if not gold_parsed:
         return MathVerdict(False, pred, "gold_unparseable")
     pred_parsed = _parse(pred)
-    gold_eq, pred_eq = _first_equation(gold_parsed), _first_equation(pred_parsed)
+    gold_eq, pred_eq = first_equation(gold_parsed), first_equation(pred_parsed)
     if gold_eq is not None and pred_eq is not None:
-        return _compare_equations(pred, gold_eq, pred_eq)
+        same, reason = compare_equations(gold_eq, pred_eq)
+        return MathVerdict(same, pred, reason)
     equal = verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None)
     vetoed = equal and _small_numbers_differ(gold, pred_parsed)
     if equal and not vetoed:
@@ -325,12 +298,20 @@ def _tolerance(value: Any) -> float | None:
     return tol
 
 
+def _is_list(gold: str) -> bool:
+    """Whether a cleaned gold holds several answers: math-verify reads it as a set of two or more
+    (``(1,8,19), (2,7,13)``, ``k = 45, n = 2``; not ``(1, 2)``, an interval, nor ``10,080``)."""
+    parsed = _parse(gold)
+    return bool(parsed) and isinstance(parsed[0], sympy.FiniteSet) and len(parsed[0]) > 1
+
+
 def grade_math(
     response: str,
     gold: str | Sequence[str],
     *,
     tolerance: float | str | None = None,
     unit: str | None = None,
+    multiple_answer: bool | None = None,
     timeout_s: float | None = DEFAULT_SOFT_TIMEOUT_S,
 ) -> MathVerdict:
     """Grade one response against the gold answer, in this process.
@@ -342,6 +323,12 @@ def grade_math(
             (correct if any matches; OlympiadBench ``final_answer`` is such a list of one).
         tolerance: absolute numeric tolerance (OlympiadBench ``error``), on top of math-verify.
         unit: a unit the prediction may carry after the number (OlympiadBench ``unit``).
+        multiple_answer: the problem asks for several answers (OlympiadBench ``is_multiple_answer``).
+            A response that ends in a list of boxes (``\\boxed{(1,8,19)}, \\boxed{(2,7,13)}``) is
+            then graded as the set of those boxes, exactly as if one box held them all (math-verify
+            compares the sets: a missing or extra answer is wrong). False: the last box only.
+            None (the default): the set for a gold that holds several answers (:func:`_is_list`),
+            the last box for any other gold, so single-answer grading is what it always was.
         timeout_s: soft deadline (main thread only); past it the verdict is ``timeout``.
             Use :func:`grade_math_batch` for a deadline that also stops C code.
     """
@@ -352,26 +339,35 @@ def grade_math(
     extracted = extract_answer(response)
     if extracted is None:
         return MathVerdict(False, None, "no_answer")
+    boxes = extract_answers(response) if multiple_answer is not False else None
+    listed = None if boxes is None else ", ".join(boxes)
     if not extracted.strip():
         return MathVerdict(False, extracted, "empty_answer")
-    if len(extracted) > MAX_ANSWER_CHARS:
+    if len(extracted) > MAX_ANSWER_CHARS or (listed is not None and len(listed) > MAX_ANSWER_CHARS):
         return MathVerdict(False, extracted[:200] + "...", "answer_too_long")
     pred = _strip_unit(_common(strip_number_decoration(extracted)), unit)
+    pred_list = None
+    if boxes is not None:  # each box loses its own decoration and unit ("35 cm")
+        pred_list = ", ".join(_strip_unit(_common(strip_number_decoration(b)), unit) for b in boxes)
     try:
         with _soft_deadline(timeout_s):
             verdicts = []
             for g in golds:
-                verdict = _compare(pred, clean_gold(g), tol)
+                cg = clean_gold(g)
+                as_list = pred_list is not None and (multiple_answer or _is_list(cg))
+                answer = listed if as_list else extracted
+                verdict = _compare(pred_list if as_list else pred, cg, tol)
                 if verdict.correct:
-                    return MathVerdict(True, extracted, verdict.reason)
-                verdicts.append(verdict)
+                    return MathVerdict(True, answer, verdict.reason)
+                verdicts.append(MathVerdict(False, answer, verdict.reason))
     except GradingTimeout:
         return MathVerdict(False, extracted, "timeout")
-    return MathVerdict(False, extracted, verdicts[0].reason)
+    return verdicts[0]
 
 
 def grading_options(grading: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A benchmark record's ``grading`` dict (OlympiadBench ``error``, ``unit``) -> grade_math kwargs."""
+    """A benchmark record's ``grading`` dict (OlympiadBench ``error``, ``unit``,
+    ``is_multiple_answer``) -> grade_math kwargs (``tolerance``, ``unit``, ``multiple_answer``)."""
     if not grading:
         return {}
     out: dict[str, Any] = {}
@@ -380,13 +376,20 @@ def grading_options(grading: Mapping[str, Any] | None) -> dict[str, Any]:
         out["tolerance"] = _tolerance(tol)
     if grading.get("unit"):
         out["unit"] = str(grading["unit"])
+    multiple = grading.get("multiple_answer", grading.get("is_multiple_answer"))
+    if multiple is not None:
+        out["multiple_answer"] = bool(multiple)
     return out
 
 
 def grade_math_item(item: tuple) -> MathVerdict:
-    """Pool entry point: ``(response, gold, tolerance, unit, soft_timeout_s)`` -> verdict."""
-    response, gold, tolerance, unit, soft_timeout_s = item
-    return grade_math(response, gold, tolerance=tolerance, unit=unit, timeout_s=soft_timeout_s)
+    """Pool entry point: ``(response, gold, tolerance, unit, soft_timeout_s[, multiple_answer])``
+    -> verdict."""
+    response, gold, tolerance, unit, soft_timeout_s, *rest = item
+    multiple = rest[0] if rest else None
+    return grade_math(
+        response, gold, tolerance=tolerance, unit=unit, multiple_answer=multiple, timeout_s=soft_timeout_s
+    )
 
 
 def _failure(reason: str) -> MathVerdict:
@@ -402,6 +405,7 @@ def grade_math_batch(
     pool: GradingPool | None = None,
     tolerances: Sequence[float | None] | None = None,
     units: Sequence[str | None] | None = None,
+    multiple_answers: Sequence[bool | None] | None = None,
     soft_timeout_s: float | None = None,
     progress: Callable[[int], Any] | None = None,
 ) -> list[MathVerdict]:
@@ -415,10 +419,17 @@ def grade_math_batch(
     ``timeout`` / ``worker_crashed``. Inside the worker a soft deadline (``soft_timeout_s``,
     default 0.8 x the hard one; 0 turns it off) stops slow Python code without losing the worker;
     the hard deadline is for C code that signals cannot interrupt. ``progress(k)`` is called as
-    ``k`` more responses are graded (a progress bar's ``update``).
+    ``k`` more responses are graded (a progress bar's ``update``). ``multiple_answers``: each
+    response's ``multiple_answer`` (see :func:`grade_math`; None: decided by its gold).
     """
     n = len(responses)
-    for name, seq in (("golds", golds), ("tolerances", tolerances), ("units", units)):
+    lists = (
+        ("golds", golds),
+        ("tolerances", tolerances),
+        ("units", units),
+        ("multiple_answers", multiple_answers),
+    )
+    for name, seq in lists:
         if seq is not None and len(seq) != n:
             raise ValueError(f"{name} has {len(seq)} entries for {n} responses")
     if n == 0:
@@ -436,6 +447,7 @@ def grade_math_batch(
             None if tolerances is None else _tolerance(tolerances[i]),
             None if units is None else units[i],
             soft,
+            None if multiple_answers is None else multiple_answers[i],
         )
         for i in range(n)
     ]

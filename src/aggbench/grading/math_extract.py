@@ -1,13 +1,18 @@
 """Final-answer extraction from a math response (the first half of :mod:`aggbench.grading.math`).
 
 :func:`extract_answer`, in this order:
-  1. the last ``\\boxed{...}`` / ``\\boxed ...`` / ``\\fbox{...}`` whose braces close;
-  2. else the last DAPO ``Answer: ...`` line (``Answer: $42$``, ``Answer: 42``);
+  1. the last ``\\boxed{...}`` / ``\\boxed ...`` / ``\\fbox{...}`` whose braces close, unless a
+     stated answer (2 or 3) with a number or math comes after it ("\\boxed{255} ... The final
+     answer is $10,455$. I hope it is correct.": the statement is the final word);
+     :func:`extract_answers` gives a final list of boxes (``\\boxed{1}, \\boxed{2}``) apart;
+  2. else the last DAPO ``Answer: ...`` line (``Answer: $42$``, ``Answer: 42``; in a sentence, what
+     follows its verb: ``Answer: The largest $n$ is 34.`` -> 34);
   3. else Minerva's ``The final answer is ... I hope it is correct.``;
-  4. else, only where the response holds no box command at all, the unboxed final answer the way
-     Qwen2.5-Math's evaluation and math-verify find it (``so the answer is 12.``, ``... is $x$.``,
-     ``Therefore, she has 12 coins.``): math-verify's own extraction patterns and priorities
-     (an ``answer`` anchor first, else the rightmost math or number), run on the response's tail.
+  4. else, only where the response holds no box command at all, an unboxed final answer where the
+     response states one (:func:`unboxed_answer`): math-verify's anchored patterns near the end
+     (``so the answer is 12.``), or a concluding last sentence (``Therefore, she has 12 coins.``).
+     A response that never states an answer (a value met mid-derivation, then "let me know if
+     you'd like me to elaborate") has none.
   None when the response has none of them. A response with a box that never closes (cut off
   mid-box) stays None: its earlier numbers are reasoning, not an answer.
 
@@ -23,6 +28,7 @@ uses math-verify's compiled patterns (plain ``re``), never its parser.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from itertools import groupby
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig
@@ -69,28 +75,88 @@ def _balanced(text: str, open_pos: int) -> str | None:
     return None
 
 
-def _last_boxed(text: str) -> str | None:
-    """The last ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed 42`` content, or None."""
-    end = len(text)
-    for _ in range(_MAX_BOX_TRIES):
+def _box_at(text: str, start: int, command: str) -> tuple[int, str] | None | bool:
+    """The box command at ``text[start:]``: (end, content); None if its braces never close; False
+    if it is another command (``\\boxedfoo``)."""
+    pos = start + len(command)
+    while pos < len(text) and text[pos] in " \t\n":
+        pos += 1
+    if pos < len(text) and text[pos] == "{":
+        content = _balanced(text, pos)
+        if content is None:
+            return None
+        return pos + 1 + len(content) + 1, content.strip()
+    if pos > start + len(command):  # "\boxed 42": one token
+        m = _TOKEN.match(text, pos, pos + MAX_ANSWER_CHARS + 1)
+        if m:
+            return m.end(), m.group(0).rstrip(".,;")
+    return False
+
+
+def _boxes_backwards(text: str) -> Iterator[tuple[int, int, str]]:
+    """(start, end, content) of the complete boxes of ``text``, last first. A box that never
+    closes is skipped while no complete box has been found (at most :data:`_MAX_BOX_TRIES` of
+    them: a response cut off mid-box); after one, an unclosed box ends the scan."""
+    end, found = len(text), False
+    # bounded: each step is a scan of the text, and a response may repeat "\boxedfoo" at will
+    for _ in range(_MAX_BOX_TRIES + _MAX_LIST_BOXES):
         start, command = max((text.rfind(c, 0, end), c) for c in _BOX_COMMANDS)
         if start < 0:
-            return None
+            return
         end = start
-        pos = start + len(command)
-        while pos < len(text) and text[pos] in " \t\n":
-            pos += 1
-        if pos < len(text) and text[pos] == "{":
-            content = _balanced(text, pos)
-            if content is not None:
-                return content.strip()
+        box = _box_at(text, start, command)
+        if box is False:
+            continue  # "\boxedfoo" is another command: keep looking
+        if box is None:
+            if found:
+                return
             continue  # cut off mid-box: the previous box may be complete
-        if pos > start + len(command):  # "\boxed 42": one token
-            m = _TOKEN.match(text, pos, pos + MAX_ANSWER_CHARS + 1)
-            if m:
-                return m.group(0).rstrip(".,;")
-        # "\boxedfoo" is another command: keep looking
-    return None
+        found = True
+        yield start, box[0], box[1]
+
+
+def _last_box(text: str) -> tuple[int, int, str] | None:
+    """(start, end, content) of the last complete ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed 42``."""
+    return next(_boxes_backwards(text), None)
+
+
+def _last_boxed(text: str) -> str | None:
+    """The last ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed 42`` content, or None."""
+    box = _last_box(text)
+    return None if box is None else box[2]
+
+
+# What may stand between two boxes of one list of answers (``\\boxed{1}, \\boxed{2} and
+# \\boxed{3}``, ``\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}``, ``\\(y_1 = \\boxed{..}\\) and
+# \\(y_2 = \\boxed{..}\\)``, one box per line of a list): spaces, commas and semicolons, math
+# delimiters, spacing commands, "and"/"or" (after one word: "\\boxed{1} papers and \\boxed{2}"), a
+# short \\text{} without digits, a name and "=". Any
+# other text (a sentence, "no no no", a number) ends the list: the earlier box is reasoning.
+_LIST_GAP = re.compile(
+    r"(?:[\s,;&~*\-]|\$|\\[()\[\]]|\\\\|\\q?quad\b|\\[,;:! ]|\b(?:and|or)\b"
+    r"|\\(?:text|textrm|mathrm|mbox)\s*\{[^{}\d\\]{0,40}\}"
+    r"|[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=|\b[A-Za-z]{1,15}\s+(?:and|or)\b)*",
+    re.I,
+)
+_MAX_LIST_GAP = 80
+_MAX_LIST_BOXES = 32
+
+
+def final_boxes(text: str) -> list[str]:
+    """The contents of the last run of boxes that form one list of answers (see ``_LIST_GAP``),
+    in order; one element for a single final box; empty without a complete box."""
+    group: list[str] = []
+    next_start = None
+    for start, end, content in _boxes_backwards(text):
+        if next_start is not None:
+            gap = text[end:next_start]
+            if end > next_start or len(gap) > _MAX_LIST_GAP or not _LIST_GAP.fullmatch(gap):
+                break
+        group.append(content)
+        next_start = start
+        if len(group) >= _MAX_LIST_BOXES:
+            break
+    return group[::-1]
 
 
 def _unwrap_math(s: str) -> str:
@@ -107,18 +173,60 @@ def _unwrap_math(s: str) -> str:
     return s.rstrip(". ").strip() if not s.endswith("..") else s
 
 
-def _minerva(text: str) -> str | None:
-    """Minerva's ``The final answer is $X$. I hope it is correct.`` (the last one), or None."""
+def _minerva_answer(answer: str) -> str | None:
+    end = answer.lower().find(_MINERVA_END)
+    if end >= 0:
+        answer = answer[:end]
+    return _unwrap_math(answer) or None
+
+
+def _minerva(text: str) -> tuple[int, str | None] | None:
+    """(where, answer) of Minerva's ``The final answer is $X$. I hope it is correct.`` (the last
+    one), or None."""
     last = None
     for last in _MINERVA.finditer(text):  # noqa: B007 - we want the last match
         pass
     if last is None:
         return None
-    answer = last.group(1)
-    end = answer.lower().find(_MINERVA_END)
-    if end >= 0:
-        answer = answer[:end]
-    return _unwrap_math(answer) or None
+    return last.start(), _minerva_answer(last.group(1))
+
+
+# "Final Answer: The largest $n$ is 34." states its answer after a verb: the math before it is the
+# subject (math-verify reads 34 here too). The verb is looked for outside math spans only.
+_VERB = re.compile(r"\b(?:is|are|equals|=)[ \t:]+", re.I)
+
+
+def _after_verb(line: str) -> str:
+    """The part of an ``Answer:`` line after its last ``is``/``are``/``equals`` outside math, when
+    that part holds a number or math; else the whole line."""
+    if len(line) > 2 * MAX_ANSWER_CHARS:
+        return line  # the span pattern is quadratic on "\\(" spam; such a line grades as too long
+    masked = _MATH_SPAN.sub(lambda m: "\x00" * len(m.group(0)), line)
+    last = None
+    for last in _VERB.finditer(masked):  # noqa: B007 - we want the last match
+        pass
+    if last is None or not re.search(r"[A-Za-z]", masked[: last.start()].replace("\x00", "")):
+        return line
+    rest = line[last.end() :]
+    return rest if re.search(r"\d|\$|\\[(\[]", rest) else line
+
+
+def _statement(text: str) -> tuple[int, str] | None:
+    """(where, answer) of the last stated final answer outside a box: the last DAPO ``Answer:``
+    line when it holds an answer, else Minerva's sentence; None when the response has neither."""
+    last = None
+    for last in _ANSWER_LINE.finditer(text):  # noqa: B007 - we want the last match
+        pass
+    if last is not None:
+        line = last.group(1).strip().strip("*").strip()  # "**Answer:** 17" leaves "** 17"
+        if "final answer is" in line.lower():
+            answer = _minerva_answer(line[line.lower().index("final answer is") + 15 :].lstrip(" \t:"))
+        else:
+            answer = _unwrap_math(_after_verb(line))
+        if answer:
+            return last.start(), answer
+    minerva = _minerva(text)
+    return minerva if minerva is not None and minerva[1] else None
 
 
 # --------------------------------------------------------------------------- unboxed answers
@@ -192,29 +300,98 @@ def _matched_text(match: re.Match, latex: bool) -> str | None:
     return number + ("\\%" if groups.get("percent") else "")
 
 
-def unboxed_answer(text: str) -> str | None:
-    """The final answer of a response without a box, as math-verify's extraction picks it, or None.
+# math-verify's priorities 0-200 need an anchor ("final answer is", "answer:", "answer"); 300 is
+# its unanchored rightmost math or number, which also reads a value met mid-derivation in a
+# response that never states an answer ("... = 12. Let me know if you'd like me to elaborate").
+_UNANCHORED = 300
+# An anchored statement must end this close to the response's end to be its final answer.
+FINAL_STATEMENT_CHARS = 600
+# A concluding last sentence ("Therefore, she has 18 coins."): a conclusion word opens it, it ends
+# at a full stop (not a decimal point) or a line break, and no number or math follows it.
+_CONCLUSION = re.compile(
+    r"(?:^|(?<=[.!?:\n])\s*|\s)(?:therefore|thus|hence|so|consequently|finally|overall|altogether"
+    r"|in (?:conclusion|summary|total)|putting (?:it|this|everything) (?:all )?together)\b",
+    re.I,
+)
+_SENTENCE_END = re.compile(r"(?<!\\)[.!?](?=\s|$)|\n")  # not "\\!" (a space in math)
+_HAS_VALUE = re.compile(r"\d|(?<!\\)\$|\\[(\[]")
 
-    math-verify's rule (priorities as in its parse(); Qwen2.5-Math's evaluation does the same with
-    "he answer is" and then the last number): a ``final answer ... is`` anchor, then an
-    ``answer`` anchor followed within 50 characters by math or a number, then the rightmost math
-    span or number. Within a priority the rightmost match wins. The search runs on the tail of
-    ``text`` only (see :data:`UNBOXED_WINDOW`), and takes the first match as the answer (as
-    math-verify's ``first_match`` mode does): what it holds is graded like a boxed answer.
+
+def _best(window: str, patterns: list, lo: int = 0, hi: int | None = None) -> str | None:
+    """The rightmost match of ``patterns`` in ``window[lo:hi]``, as answer text."""
+    found = [
+        (m.end(), -m.start(), m, isinstance(target, LatexExtractionConfig))
+        for pattern, target in patterns
+        for m in pattern.finditer(window, lo, len(window) if hi is None else hi)
+    ]
+    if not found:
+        return None
+    _end, _start, match, latex = max(found, key=lambda x: (x[0], x[1]))
+    answer = _matched_text(match, latex)
+    if not answer:
+        return None
+    return answer.rstrip(".").strip() if not answer.endswith("..") else answer
+
+
+def _concluding_sentence(window: str) -> tuple[int, int] | None:
+    """(start, end) of the last sentence holding a number or math, if a conclusion word opens it."""
+    last = None
+    for last in _CONCLUSION.finditer(window):  # noqa: B007 - we want the last match
+        pass
+    if last is None:
+        return None
+    stop = _SENTENCE_END.search(window, last.end())
+    end = len(window) if stop is None else stop.end()
+    if _HAS_VALUE.search(window, end):
+        return None  # a number or math after it: the sentence is not the last word
+    return last.start(), end
+
+
+# A response that is nothing but its answer ("$\\frac{1}{12}$", "x = 5", "1,000.99€"): short and
+# one sentence. math-verify's regression cases are mostly of this kind.
+ANSWER_ONLY_CHARS = 200
+
+
+def _answer_only(text: str) -> bool:
+    stripped = text.strip()
+    stop = _SENTENCE_END.search(stripped)
+    return len(stripped) <= ANSWER_ONLY_CHARS and (stop is None or stop.end() >= len(stripped))
+
+
+def unboxed_answer(text: str) -> str | None:
+    """The final answer of a response without a box, where the response states one, or None.
+
+    Stated means (1) math-verify's anchored patterns (priorities as in its parse(); Qwen2.5-Math's
+    evaluation does the same with "he answer is"): a ``final answer ... is`` anchor, then an
+    ``answer`` anchor followed within 50 characters by math or a number; within a priority the
+    rightmost match wins, and it must end within :data:`FINAL_STATEMENT_CHARS` of the end; or
+    (2) a concluding last sentence (``Therefore, she has 18 coins.``, ``Putting it all together,
+    the value is $x$.``), or a response that is only its answer (one short sentence, at most
+    :data:`ANSWER_ONLY_CHARS`: ``$\\frac{1}{12}$``): its rightmost math or number. math-verify's unanchored rule (the
+    rightmost math or number anywhere) is not used: it reads a value met mid-derivation from a
+    response that never gives an answer. The search runs on the tail of ``text`` only (see
+    :data:`UNBOXED_WINDOW`) and takes the first match as the answer (math-verify's
+    ``first_match`` mode): what it holds is graded like a boxed answer.
     """
     window = _tail(text)
-    for _priority, patterns in _UNBOXED_PATTERNS:
-        found = [
-            (m.end(), -m.start(), m, isinstance(target, LatexExtractionConfig))
-            for pattern, target in patterns
-            for m in pattern.finditer(window)
-        ]
-        if found:
-            _end, _start, match, latex = max(found, key=lambda x: (x[0], x[1]))
-            answer = _matched_text(match, latex)
+    near_end = max(0, len(window) - FINAL_STATEMENT_CHARS)
+    for priority, patterns in _UNBOXED_PATTERNS:
+        if priority >= _UNANCHORED:
+            break
+        found = [m for pattern, _t in patterns for m in pattern.finditer(window)]
+        if found and max(m.end() for m in found) >= near_end:
+            answer = _best(window, patterns)
             if answer:
-                return answer.rstrip(".").strip() if not answer.endswith("..") else answer
-    return None
+                return answer
+    sentence = _concluding_sentence(window)
+    if sentence is None and _answer_only(text):
+        sentence = (0, len(window))
+    if sentence is None:
+        return None
+    unanchored = [
+        pt for priority, patterns in _UNBOXED_PATTERNS if priority >= _UNANCHORED for pt in patterns
+    ]
+    return _best(window, unanchored, *sentence)
 
 
 # --------------------------------------------------------------------------- decorated numbers
@@ -267,24 +444,40 @@ def strip_number_decoration(answer: str) -> str:
     return num
 
 
-def extract_answer(response: str) -> str | None:
-    """The final answer written in ``response`` (see the module docstring), or None."""
+def _final(response: str) -> tuple[tuple[int, int, str] | None, tuple[int, str | None] | None]:
+    """(the last box, a stated answer that comes after it or stands alone)."""
     if not isinstance(response, str):
         raise TypeError(f"response must be a str, got {type(response).__name__}")
-    boxed = _last_boxed(response)
-    if boxed is not None:
-        return boxed
-    last = None
-    for last in _ANSWER_LINE.finditer(response):  # noqa: B007 - we want the last match
-        pass
-    if last is not None:
-        line = last.group(1).strip().strip("*").strip()  # "**Answer:** 17" leaves "** 17"
-        if "final answer is" in line.lower():
-            return _minerva(line)
-        answer = _unwrap_math(line)
-        if answer:
-            return answer
-    minerva = _minerva(response)
-    if minerva is not None or any(c in response for c in _BOX_COMMANDS):
-        return minerva
+    box = _last_box(response)
+    statement = _statement(response)
+    if box is not None and statement is not None:
+        # A box, then "The final answer is $10,455$. I hope it is correct." (math-verify's
+        # regression case): the later statement is the final answer; it must hold a number or
+        # math, so "Answer: see above" leaves the box in charge.
+        later = statement[0] >= box[1] and statement[1] and re.search(r"[\d\\]", statement[1])
+        if not later:
+            statement = None
+    return box, statement
+
+
+def extract_answer(response: str) -> str | None:
+    """The final answer written in ``response`` (see the module docstring), or None."""
+    box, statement = _final(response)
+    if statement is not None:
+        return statement[1]
+    if box is not None:
+        return box[2]
+    if any(c in response for c in _BOX_COMMANDS):
+        return None
     return unboxed_answer(response)
+
+
+def extract_answers(response: str) -> list[str] | None:
+    """The final answer as a list of boxes (``\\boxed{(1,8,19)}, \\boxed{(2,7,13)}``, see
+    :func:`final_boxes`) when the response ends in two or more boxes of one list, else None (then
+    :func:`extract_answer` holds the one final answer)."""
+    box, statement = _final(response)
+    if box is None or statement is not None:
+        return None
+    group = final_boxes(response)
+    return group if len(group) > 1 else None
