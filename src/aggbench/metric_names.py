@@ -23,6 +23,14 @@ KINDS = ("avg", "pass", "maj")
 # the context policy's per-benchmark counts (aggbench.evaluation.context): prompts longer than the
 # model's context (not generated, graded wrong) and responses whose max_tokens the context cut short
 CONTEXT_COUNTS = ("not_generated", "context_capped")
+# the grader-disagreement ledger of an answer benchmark (aggbench.grading.ledger.LEDGER_COUNTS)
+LEDGER_COUNTS = (
+    "ledger_verdicts",
+    "ledger_disagree",
+    "ledger_vs_math_verify",
+    "ledger_vs_dapo",
+    "grading_timeouts",
+)
 # besides every avg@k/pass@k/maj@k: the proportions a metrics.json holds, logged to MLflow in percent
 PERCENT_NAMES = ("ci_low", "ci_high", "truncation_rate")
 _METRIC = re.compile(r"^(avg|pass|maj)@([1-9][0-9]*)$")
@@ -63,13 +71,13 @@ def in_mlflow_units(name: str, value: Any) -> float:
 def eval_metric_values(benchmark: str, metrics: Mapping[str, Any]) -> dict[str, float]:
     """The MLflow metrics of one benchmark's ``metrics.json`` content: every avg@/pass@/maj@ value
     (``metrics["metrics"]`` lists them), the CI of avg@n and the truncation rate, all in percent;
-    the mean length and the context counts as they are."""
+    the mean length, the context counts and the grader ledger's counts as they are."""
     out = {
         mlflow_key(benchmark, m): in_mlflow_units(m, metrics[m])
         for m in metrics.get("metrics", [])
         if m in metrics
     }
-    for name in ("ci_low", "ci_high", "mean_length", "truncation_rate", *CONTEXT_COUNTS):
+    for name in ("ci_low", "ci_high", "mean_length", "truncation_rate", *CONTEXT_COUNTS, *LEDGER_COUNTS):
         if metrics.get(name) is not None:
             out[mlflow_key(benchmark, name)] = in_mlflow_units(name, metrics[name])
     return out

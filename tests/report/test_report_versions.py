@@ -93,3 +93,21 @@ def test_a_benchmark_graded_on_public_tests_only_is_footnoted(grid):
     )
     assert note in md
     assert md.count("public tests only (the offline copy") == 1  # the one cell, under the one last table
+
+
+def test_the_grader_ledger_is_in_the_table_notes(grid):
+    """Issue 28, item 7: a cell's grader ledger (metrics.json's ledger_* counts, via MLflow) is a
+    note under its tables, summed over its evaluated steps."""
+    tmp_path, config = grid
+    run = tmp_path / "results" / "runs" / rf.cell_id("balanced", 0) / "eval"
+    for step, (disagree, timeouts) in {4: (2, 0), 12: (5, 1)}.items():
+        path = run / f"step_{step}" / "math500.metrics.json"
+        ledger = {"ledger_verdicts": 40, "ledger_disagree": disagree, "ledger_vs_math_verify": 1}
+        ledger |= {"ledger_vs_dapo": disagree, "grading_timeouts": timeouts}
+        path.write_text(json.dumps({**json.loads(path.read_text()), **ledger}))
+    _, md = _report(tmp_path, config)
+    assert (
+        f"balanced: {rf.cell_id('balanced', 0)}: math500: grader ledger over steps 4, 12: 7 of 80 verdicts "
+        "differ among the benchmark's grader, plain math-verify and the DAPO verifier (2 vs math-verify, "
+        "7 vs DAPO), 1 grading time-outs"
+    ) in md

@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -89,6 +90,12 @@ def test_tables_have_a_row_per_rule_and_a_number_per_benchmark(wf, smoke_run):
     md = (results / "tables" / "last.md").read_text()
     for rule in rules:
         assert f"| {rule}" in md or f"| **{rule}" in md, rule
+    # issue 28, item 7: every cell's grader-disagreement ledger is in the notes
+    for rule in rules:
+        assert re.search(
+            rf"- {rule}: tiny__tiny__{rule}__s0: tiny_test: grader ledger over steps [\d, ]+: \d+ of \d+ verdicts",
+            md,
+        ), rule
 
 
 def _metrics(results, cell):

@@ -203,6 +203,10 @@ def score_benchmark(
         "grading_s": round(time.perf_counter() - t0, 3),
         "samples": str(Path(samples_path).resolve()),
     }
+    if entry.record == "answer":  # the grader-disagreement ledger (aggbench.grading.ledger)
+        from aggbench.grading.ledger import counts
+
+        metrics.update(counts(rows, verdicts))
     if entry.record == "tests":
         metrics["public_tests_only"] = any(bool(r.get("public_tests_only")) for r in rows)
         metrics["notes"] = ["public tests only"] if metrics["public_tests_only"] else []

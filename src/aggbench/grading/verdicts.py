@@ -91,10 +91,15 @@ def grade_code(
 
 def _math_chunk(rows: Sequence[Mapping[str, Any]], pool: Any, _per_test: float) -> list[dict[str, Any]]:
     from aggbench.grading.batch import grade_math_rows
+    from aggbench.grading.ledger import plain_verdicts
     from aggbench.grading.rows import math_options
 
     options = [math_options(r) for r in rows]
-    return [v.to_dict() for v in grade_math_rows(rows, pool, options)]
+    verdicts = [v.to_dict() for v in grade_math_rows(rows, pool, options)]
+    # the ledger's plain math-verify verdict, in the same workers under the same deadline
+    for v, mv in zip(verdicts, plain_verdicts(rows, pool), strict=True):
+        v["math_verify"] = mv
+    return verdicts
 
 
 def _code_chunk(rows: Sequence[Mapping[str, Any]], pool: Any, per_test: float) -> list[dict[str, Any]]:

@@ -39,6 +39,8 @@ class CellData:
     # what the evaluation noted per benchmark (MLflow tag eval/{benchmark}/notes): "public tests only"
     # for a code benchmark graded on its public tests only
     bench_notes: dict[str, str] = field(default_factory=dict)
+    # the grader-disagreement ledger (aggbench.grading.ledger): {count: {benchmark: {step: n}}}
+    ledger: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     # the evaluation's bootstrap interval of the tabulated metric, where it has one (avg@n):
     # {benchmark: {step: (low, high)}} in percent; shown when a row has one seed
     ci: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
@@ -223,6 +225,13 @@ def collect(
                     for b in benchmarks
                 }
                 for kind in metric_names.CONTEXT_COUNTS
+            }
+            data.ledger = {
+                kind: {
+                    b: _trained(metric_history(client, rid, metric_names.mlflow_key(b, kind)))
+                    for b in benchmarks
+                }
+                for kind in metric_names.LEDGER_COUNTS
             }
             data.bench_notes = {
                 b: note

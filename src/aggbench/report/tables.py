@@ -240,6 +240,24 @@ def _context_notes(context: Mapping[str, Mapping[str, Mapping[int, float]]]) -> 
     return out
 
 
+def _ledger_notes(ledger: Mapping[str, Mapping[str, Mapping[int, float]]]) -> list[str]:
+    """One note per benchmark with a grader ledger (aggbench.grading.ledger): its counts summed over
+    the cell's evaluated steps, so a reader sees how many verdicts rest on the grader's choice."""
+    out = []
+    for bench, by_step in sorted(ledger.get("ledger_verdicts", {}).items()):
+        if not by_step:
+            continue
+        total = {k: int(sum(ledger.get(k, {}).get(bench, {}).values())) for k in ledger}
+        steps = ", ".join(str(t) for t in sorted(by_step))
+        out.append(
+            f"{bench}: grader ledger over steps {steps}: {total['ledger_disagree']} of "
+            f"{total['ledger_verdicts']} verdicts differ among the benchmark's grader, plain math-verify "
+            f"and the DAPO verifier ({total['ledger_vs_math_verify']} vs math-verify, "
+            f"{total['ledger_vs_dapo']} vs DAPO), {total['grading_timeouts']} grading time-outs"
+        )
+    return out
+
+
 def _bench_note(note: str) -> str:
     """An evaluation's note as a footnote: public tests only says what it means for the number."""
     if note == "public tests only":
@@ -275,6 +293,7 @@ def build_tables(col: Collected, *, mismatched: Iterable[str] = ()) -> dict[str,
                 notes += [
                     f"{rule}: {c.cell.id}: {b}: {_bench_note(n)}" for b, n in sorted(c.bench_notes.items())
                 ]
+                notes += [f"{rule}: {c.cell.id}: {n}" for n in _ledger_notes(c.ledger)]
         base_vals = col.base.get(model, {})
         missing_base = [b for b in benches if b not in base_vals]
         if col.base_expected and missing_base:
