@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "aggregation/": {"errors", "registry"},
     "data/": {"errors", "files", "graders", "metric_names", "registry", "tiny/"},
     "tracking": {"environment", "files", "layout"},
-    "grading/": {"data/", "graders", "tiny/"},
+    "grading/": {"data/", "graders", "metric_names", "tiny/"},  # metric_names: the ledger's count names
     "grid": {"aggregation/", "config", "config_errors", "data/", "errors", "layout"},
     "rollout/": {"seeds"},
     "train/": {

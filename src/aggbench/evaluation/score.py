@@ -69,6 +69,7 @@ def grade_rows(
     workers: int | None = None,
     timeout_s: float | None = None,
     progress: bool | None = False,
+    **extra: Any,
 ) -> list[dict[str, Any]]:
     """One verdict dict per row (``correct``, ``extracted``, ``reason``; programs add ``n_tests``,
     ``test_results``, ``error_kind``, ``layers``), from the registered grader (``aggbench.graders``)."""
@@ -80,7 +81,7 @@ def grade_rows(
     except RegistryError as exc:
         raise EvaluationError(str(exc)) from None
     try:
-        return spec.grade_fn()(rows, workers=workers, timeout_s=timeout_s, progress=progress)
+        return spec.grade_fn()(rows, workers=workers, timeout_s=timeout_s, progress=progress, **extra)
     except GradingError as exc:
         raise EvaluationError(str(exc)) from None
 
@@ -185,8 +186,10 @@ def score_benchmark(
     rows = [r for _, r in numbered]
     t0 = time.perf_counter()
     # a bar on a terminal only: evaluation runs inside snakemake's logs
+    # the math grader also gives the ledger's plain math-verify verdicts from its own workers
+    extra = {"ledger": True} if entry.record == "answer" and entry.pooled else {}
     verdicts = grade_rows(
-        grader, rows, workers=workers, timeout_s=timeout_s, progress=None if progress else False
+        grader, rows, workers=workers, timeout_s=timeout_s, progress=None if progress else False, **extra
     )
     graded = []
     for r, v in zip(rows, verdicts, strict=True):

@@ -75,8 +75,12 @@ def grade_math(
     workers: int | None = None,
     timeout_s: float | None = None,
     progress: bool | None = False,
+    ledger: bool = False,
 ) -> list[dict[str, Any]]:
-    return _pooled("math", rows, _math_chunk, workers=workers, timeout_s=timeout_s, progress=progress)
+    """``ledger``: also each row's plain math-verify verdict (``math_verify``, for the grader
+    ledger of ``aggbench score``), in the same workers under the same deadline."""
+    chunk = _math_chunk_with_plain if ledger else _math_chunk
+    return _pooled("math", rows, chunk, workers=workers, timeout_s=timeout_s, progress=progress)
 
 
 def grade_code(
@@ -91,13 +95,19 @@ def grade_code(
 
 def _math_chunk(rows: Sequence[Mapping[str, Any]], pool: Any, _per_test: float) -> list[dict[str, Any]]:
     from aggbench.grading.batch import grade_math_rows
-    from aggbench.grading.ledger import plain_verdicts
     from aggbench.grading.rows import math_options
 
     options = [math_options(r) for r in rows]
-    verdicts = [v.to_dict() for v in grade_math_rows(rows, pool, options)]
-    # the ledger's plain math-verify verdict, in the same workers under the same deadline
-    for v, mv in zip(verdicts, plain_verdicts(rows, pool), strict=True):
+    return [v.to_dict() for v in grade_math_rows(rows, pool, options)]
+
+
+def _math_chunk_with_plain(
+    rows: Sequence[Mapping[str, Any]], pool: Any, per_test: float
+) -> list[dict[str, Any]]:
+    from aggbench.grading.ledger import plain_verdicts
+
+    verdicts = _math_chunk(rows, pool, per_test)
+    for v, mv in zip(verdicts, plain_verdicts(rows, pool), strict=True):  # the ledger's, same deadline
         v["math_verify"] = mv
     return verdicts
 
