@@ -139,9 +139,11 @@ def test_dapo17k_trains_on_the_recipes_reward_and_logs_its_disagreement_with_mat
     assert exp["datasets"]["dapo17k"] == {"spec": "dapo17k", "reward": "dapo", "compare_reward": "math"}
     assert exp["datasets"]["polaris"] == {"spec": "polaris"}
     label = raw[raw.index("# Training reward.") : raw.index("datasets:\n")]
-    for phrase in ("[DAPO-verl] reward_model.reward_manager=dapo", "math_dapo.py", "v0.9.1", "b178a3cd5"):
+    for phrase in ("[DAPO-verl] reward_model.reward_manager=dapo", "math_dapo.py", "[verl-0.9.1]", "b178a3cd5"):
         assert phrase in label, phrase
     assert "polaris: its spec's grader, `math` [assumed" in label
+    # the pinned recipe's own math_dapo lacks the box fallback 0.9.1 has: the label says so
+    assert "The pinned recipe commit 246cac4 (and main at b178a3cd5) lacks that box" in label
     by_dataset = {}
     for c in cells(exp):
         cfg = cell_train_config(exp, c.id)
@@ -222,7 +224,7 @@ def test_scope_labels_claim_the_paper_only_where_it_says_so_and_the_rule_docs_ar
     assert [a["name"] for a in exp["aggregations"]] == ["token", "sequence", "balanced"]
     for name in ("token", "sequence"):
         line = _line(raw, rf"^\s*- name: {name}\b")
-        assert "mini-batch scope [DAPO-verl]" in line and "[paper]" not in line, line
+        assert "mini-batch scope" in line and "[DAPO-verl]" in line and "[paper]" not in line, line
     assert "group scope [paper]" in _line(raw, r"^\s*- name: balanced\b")
     assert "loss_agg_mode=token-mean" in raw and "the scope ablation below runs the per-group reading" in raw
     assert {a["name"] for a in exp["ablations"]["aggregations"]} >= {"token_group", "sequence_group"}

@@ -212,6 +212,7 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
             load_training_spec(ds["spec"])
         except Exception as exc:
             problems.append(f"datasets.{name}.spec: {exc}")
+        problems += _random_reward_problems(name, ds)
     for name, m in exp["models"].items():
         if m.get("path") and not Path(m["source"]).is_dir():
             problems.append(f"models.{name}.source: local model directory {m['source']!r} does not exist")
@@ -252,6 +253,16 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
                 )
     if problems:
         raise GridError("invalid experiment config:\n  " + "\n  ".join(problems))
+
+
+def _random_reward_problems(name: str, ds: dict) -> list[str]:
+    """random as a dataset's own reward would put coin flips in a main row, tabled as a rule."""
+    return [
+        f"datasets.{name}.{key}: random is the negative control, not a dataset's reward: "
+        "set controls.random_reward.enabled: true (it adds <rule>-random cells beside the grid's)"
+        for key in ("reward", "compare_reward")
+        if ds.get(key) == "random"
+    ]
 
 
 def cells(exp: dict) -> list[Cell]:

@@ -197,5 +197,19 @@ def test_public_tests_only_is_refused_unless_allowed(shared_data, tmp_path):
     lock = fetch_benchmarks(["livecodebench"], root, data_dir=shared_data, echo=lambda _: None)
     entry = lock["livecodebench"]
     assert entry["public_tests_only"] == entry["records"] > 0
+    # a copy fetched earlier (allowed then) is refused by a grid that does not allow it, also when
+    # its lock predates the count
+    with pytest.raises(FetchedDataError, match="fetched copy under .* has public tests only"):
+        fetch_benchmarks(
+            ["livecodebench"], root, data_dir=shared_data, echo=lambda _: None, allow_public_tests_only=False
+        )
+    lock_path = root / "lock.json"
+    old_lock = json.loads(lock_path.read_text())
+    old_lock["benchmarks"]["livecodebench"].pop("public_tests_only")
+    lock_path.write_text(json.dumps(old_lock))
+    with pytest.raises(FetchedDataError, match="has public tests only"):
+        fetch_benchmarks(
+            ["livecodebench"], root, data_dir=shared_data, echo=lambda _: None, allow_public_tests_only=False
+        )
     records, _ = read_fetched(load_benchmark_spec("livecodebench"), root)
     assert len(records) == entry["records"] and all(r["public_tests_only"] for r in records)

@@ -1,5 +1,5 @@
-"""`aggbench probe --engine vllm` against REAL vLLM (the CPU build, the `make test-vllm` leg): all
-500 MATH-500 problems from ../shared/data with the untrained tiny model (issue 28, item 7).
+"""`aggbench probe --engine vllm` against REAL vLLM (the CPU build, the `make test-vllm` leg): the
+first 100 MATH-500 problems from ../shared/data with the untrained tiny model (issue 28, item 7).
 
 * the split is the model's tokens (prefix + target == each problem's text) and every problem gets
   a row, in order; the prefixes that leave no room in the tiny model's 512 positions are counted as
@@ -30,6 +30,7 @@ require_vllm()
 
 CONTEXT = 512  # the tiny model's max_position_embeddings
 CROSS = 20  # problems probed by both engines
+N = 100  # problems probed on vLLM (a bounded leg; the CPU test covers the protocol)
 
 
 def _probe_vllm(checkpoint, out, data_dir, *args):
@@ -48,11 +49,11 @@ def test_vllm_probes_math500_with_the_tiny_model(tiny_model, shared_data, tmp_pa
     from aggbench.data.benchmarks import load_benchmark
     from aggbench.evaluation.probe import summarise
 
-    proc, info = _probe_vllm(tiny_model, tmp_path / "vllm", shared_data, "--label", "tiny")
+    proc, info = _probe_vllm(tiny_model, tmp_path / "vllm", shared_data, "--label", "tiny", "--limit", str(N))
     assert info["engine"] == "vllm" and info["device"] == "vllm (cpu)" and info["max_context"] == CONTEXT
-    records = load_benchmark("math500", data_dir=shared_data)
+    records = load_benchmark("math500", data_dir=shared_data, limit=N)
     rows = read_jsonl(tmp_path / "vllm" / "math500.jsonl")
-    assert [r["id"] for r in rows] == [rec["id"] for rec in records] and len(rows) == 500
+    assert [r["id"] for r in rows] == [rec["id"] for rec in records] and len(rows) == N
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     over = 0
     for row, rec in zip(rows, records, strict=True):
@@ -69,11 +70,11 @@ def test_vllm_probes_math500_with_the_tiny_model(tiny_model, shared_data, tmp_pa
         assert row["finish_reason"] in ("stop", "length") and isinstance(row["exact"], bool)
     bench = info["benchmarks"]["math500"]
     assert {k: bench[k] for k in summarise(rows)} == summarise(rows)
-    assert bench["n_problems"] == 500 and bench["n"] == 500 - over
+    assert bench["n_problems"] == N and bench["n"] == N - over
     assert bench["not_probed"] == ({"prompt_too_long": over} if over else {})
     assert bench["capped"] > 0  # long problems whose targets do not fit beside their prefixes
     assert bench["n_exact"] == sum(bool(r["exact"]) for r in rows)
-    assert f"| tiny | math500 | 0.6 | {500 - over} |" in proc.stdout
+    assert f"| tiny | math500 | 0.6 | {N - over} |" in proc.stdout
     assert (tmp_path / "vllm" / "probe.md").read_text() in proc.stdout
 
     hf_out = tmp_path / "hf"

@@ -50,6 +50,13 @@ def test_the_control_cells_and_their_config(tmp_path):
     exp["controls"]["random_reward"]["p"] = 1.5
     with pytest.raises(Exception, match="random_reward"):
         validate_experiment(exp)
+    # random as a dataset's own reward would put coin flips in a main row: refused, the fix named
+    exp["controls"]["random_reward"]["p"] = 0.5
+    exp["datasets"]["tiny"]["reward"] = "random"
+    with pytest.raises(
+        Exception, match="datasets.tiny.reward: random is the negative control.*controls.random_reward"
+    ):
+        validate_experiment(exp)
 
 
 @pytest.mark.slow

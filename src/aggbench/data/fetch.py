@@ -180,6 +180,16 @@ def fetch_benchmarks(
             continue
         if name in entries and name not in refetch:
             check_entry(spec, entries[name], root)
+            if (
+                spec.grader.entry.programs
+                and not allow_public_tests_only
+                and _public_only(entries[name], root)
+            ):
+                raise FetchedDataError(
+                    f"{name}: the fetched copy under {root} has public tests only for "
+                    f"{_public_only(entries[name], root)} problems (fetched from {entries[name].get('source')}); "
+                    f"{_PUBLIC_FIX}"
+                )
             echo(f"{name}: already fetched, sha256 checked ({entries[name]['records']} records)")
             continue
         t0 = time.perf_counter()
@@ -196,9 +206,7 @@ def fetch_benchmarks(
             if public_only and not allow_public_tests_only:  # raised inside: the file is not kept
                 raise FetchedDataError(
                     f"{name}: the source here ({source}) has public tests only for {public_only} of "
-                    f"{count} problems, so its pass rates would not be the benchmark's. Fetch where "
-                    "the hub is reachable (the private tests), or set evaluation.allow_public_tests_only: "
-                    "true in the config to evaluate on public tests only (the tables then footnote it)"
+                    f"{count} problems, so its pass rates would not be the benchmark's. {_PUBLIC_FIX}"
                 )
         entries[name] = {
             "source": source,
@@ -215,6 +223,21 @@ def fetch_benchmarks(
     if not lock_file(root).is_file():
         _write_lock(root, entries)  # a grid of built-in benchmarks only: the rule's output still exists
     return entries
+
+
+_PUBLIC_FIX = (
+    "Fetch where the hub is reachable (the private tests; --refetch NAME replaces a copy), or set "
+    "evaluation.allow_public_tests_only: true in the config (aggbench data fetch "
+    "--allow-public-tests-only) to evaluate on public tests only (the tables then footnote it)"
+)
+
+
+def _public_only(entry: dict[str, Any], root: Path) -> int:
+    """How many records of a locked copy have public tests only (counted from its file when a lock
+    written before the count was kept lacks it)."""
+    if "public_tests_only" in entry:
+        return int(entry["public_tests_only"])
+    return sum(bool(r.get("public_tests_only")) for _, r in iter_jsonl(root / entry["file"]))
 
 
 def unfetched(names: Iterable[str], root: str | Path) -> list[str]:

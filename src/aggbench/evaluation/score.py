@@ -187,7 +187,7 @@ def score_benchmark(
     t0 = time.perf_counter()
     # a bar on a terminal only: evaluation runs inside snakemake's logs
     # the math grader also gives the ledger's plain math-verify verdicts from its own workers
-    extra = {"ledger": True} if entry.record == "answer" and entry.pooled else {}
+    extra = {"ledger": True} if grader == "math" else {}  # the built-in math grader's own option
     verdicts = grade_rows(
         grader, rows, workers=workers, timeout_s=timeout_s, progress=None if progress else False, **extra
     )

@@ -2,7 +2,8 @@
 DAPO-Math-17k response with ``verl/utils/reward_score/math_dapo.py`` ``compute_score``.
 
 Source: volcengine/verl v0.9.1 (the PyPI release, file verl/utils/reward_score/math_dapo.py; the
-same file at commit b178a3cd5 of the main branch lacks the boxed fallback, step 3 below). Written
+same file at the recipe's pinned commit 246cac4 and at b178a3cd5 of the main branch lacks the boxed
+fallback, step 3 below). Written
 from that function's behaviour, not copied; tests/grading/test_dapo_grader.py checks the verdicts on
 a table of cases per branch and, where verl 0.9.1's own function is importable (it is installed in
 every CI leg), against it on a few hundred generated cases.

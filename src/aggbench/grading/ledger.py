@@ -27,13 +27,22 @@ def _golds(answer: Any) -> list[str]:
     return [str(a) for a in answer] if isinstance(answer, list) else [str(answer)]
 
 
-def plain_verdict(item: tuple[str, Any]) -> bool:
-    """math-verify's own verdict with its defaults: ``(response, answer)`` -> correct (pool entry point)."""
+def plain_verdict(item: tuple[str, Any]) -> bool | None:
+    """math-verify's own verdict with its defaults: ``(response, answer)`` -> correct, or None where
+    one of math-verify's own time-outs fired (pool entry point). Its defaults swallow errors and
+    time-outs alike (``raise_on_error=False`` returns "wrong"); here they are raised so a time-out is
+    counted as one, and any other error is the "wrong" the defaults would have given."""
     from math_verify import parse, verify
+    from math_verify.errors import TimeoutException
 
     response, answer = item
-    gold = [x for g in _golds(answer) for x in parse("\\boxed{" + g + "}")]
-    return bool(verify(gold, parse(response)))
+    try:
+        gold = [x for g in _golds(answer) for x in parse("\\boxed{" + g + "}", raise_on_error=True)]
+        return bool(verify(gold, parse(response, raise_on_error=True), raise_on_error=True))
+    except TimeoutException:
+        return None
+    except Exception:  # what math-verify's defaults turn into "wrong"
+        return False
 
 
 def plain_verdicts(rows: Sequence[Mapping[str, Any]], pool: Any = None) -> list[bool | None]:
@@ -42,13 +51,7 @@ def plain_verdicts(rows: Sequence[Mapping[str, Any]], pool: Any = None) -> list[
     items = [(str(r["response"]), r["answer"]) for r in rows]
     if pool is not None:
         return pool.map("aggbench.grading.ledger:plain_verdict", items, failure=lambda _reason: None)
-    out: list[bool | None] = []
-    for item in items:
-        try:
-            out.append(plain_verdict(item))
-        except Exception:  # a time-out (math-verify raises) or a parse failure: no verdict
-            out.append(None)
-    return out
+    return [plain_verdict(item) for item in items]
 
 
 def counts(rows: Sequence[Mapping[str, Any]], verdicts: Sequence[Mapping[str, Any]]) -> dict[str, int]:

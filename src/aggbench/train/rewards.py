@@ -46,8 +46,10 @@ class RandomReward:
 
     The sampler passes each response's group seed (``draw_seeds``: ``seeds.random_reward`` of the
     cell seed, step, sampling round and the group's place in the step, as ``rollout.seeding:
-    prompt`` seeds generation), so the rewards do not depend on how prompts are split over ranks
-    and a resumed run draws the same ones. Within a group, responses draw in order from one stream.
+    prompt`` seeds generation), so a resumed run draws the same ones and, for the step's own
+    prompts (round 0), they do not depend on how prompts are split over ranks; a dynamic-sampling
+    refill is keyed by its rank's own refill slot, as its generation is. Within a group, responses
+    draw in order from one stream.
     """
 
     draws = True  # the sampler passes draw_seeds
