@@ -105,7 +105,9 @@ def test_evaluation_sampling_and_model_choices_name_their_sources():
     # issue 28, item 4(c): Qwen3 is evaluated with its non-thinking mode's own recommendation
     assert q3["evaluation_sampling"] == {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
     label = raw[raw.index("enable_thinking: false") : raw.index("evaluation_sampling:")]
-    assert "[Qwen3]" in label and "non-thinking" in label and "7a2f61ffc7a20d47efcd2bf97f6f2bf52729042e" in label
+    assert (
+        "[Qwen3]" in label and "non-thinking" in label and "7a2f61ffc7a20d47efcd2bf97f6f2bf52729042e" in label
+    )
     assert "evaluation_sampling" not in exp["models"]["qwen2.5-math-7b"]
     assert exp["training"]["sampling"]["top_k"] == -1
 
@@ -139,7 +141,12 @@ def test_dapo17k_trains_on_the_recipes_reward_and_logs_its_disagreement_with_mat
     assert exp["datasets"]["dapo17k"] == {"spec": "dapo17k", "reward": "dapo", "compare_reward": "math"}
     assert exp["datasets"]["polaris"] == {"spec": "polaris"}
     label = raw[raw.index("# Training reward.") : raw.index("datasets:\n")]
-    for phrase in ("[DAPO-verl] reward_model.reward_manager=dapo", "math_dapo.py", "[verl-0.9.1]", "b178a3cd5"):
+    for phrase in (
+        "[DAPO-verl] reward_model.reward_manager=dapo",
+        "math_dapo.py",
+        "[verl-0.9.1]",
+        "b178a3cd5",
+    ):
         assert phrase in label, phrase
     assert "polaris: its spec's grader, `math` [assumed" in label
     # the pinned recipe's own math_dapo lacks the box fallback 0.9.1 has: the label says so

@@ -68,7 +68,9 @@ class GenerateOptions:
         None, "--temperature", "Sampling temperature [YAML]; 0 = greedy.", min=0
     )
     top_p: float | None = _flag(None, "--top-p", "Nucleus sampling [YAML].", min=0, max=1, min_open=True)
-    top_k: int | None = _flag(None, "--top-k", "Sample among the k most likely tokens; 0 = off [YAML, else 0].", min=-1)
+    top_k: int | None = _flag(
+        None, "--top-k", "Sample among the k most likely tokens; 0 = off [YAML, else 0].", min=-1
+    )
     max_tokens: int | None = _flag(None, "--max-tokens", "Max new tokens per response [YAML].", min=1)
     seed: int = _flag(0, "--seed", "Base sampling seed.", show_default=True)
     system_prompt: str | None = _flag(None, "--system-prompt", "System message [YAML's system_prompt].")
