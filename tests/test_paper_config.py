@@ -279,3 +279,14 @@ def test_the_7b_evaluates_on_qwen_math_evals_own_prompt_and_livecodebench_on_its
     # 4(d): the offline public-tests-only copy is refused unless the config says so
     assert exp["evaluation"]["allow_public_tests_only"] is False
     assert "public tests only" in raw[raw.index("\nevaluation:\n") : raw.index("allow_public_tests_only")]
+
+
+def test_the_greedy_row_is_qwen_math_evaluations_protocol():
+    """Issue 28, item 4(b): a greedy n=1 row beside avg@k, labelled with the source's script and commit
+    (its decoding: tests/evaluation/test_greedy_protocol.py; its tables: tests/report/test_report_greedy.py)."""
+    raw, exp = _paper()
+    assert exp["evaluation"]["greedy"] is True
+    label = raw[raw.index("allow_public_tests_only: false") : raw.index("  greedy: true")]
+    assert "[Qwen-Math-eval]" in label and "evaluation/sh/eval.sh" in label
+    assert "a45202bd16f1ec06f433442dc1152d0074773465" in label
+    assert "--temperature 0 --n_sampling 1" in label and "[assumed]" in label

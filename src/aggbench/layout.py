@@ -14,6 +14,7 @@
     {results}/runs/{cell}/segments/step_{N}.done        the train segment that ends at N finished
     {results}/runs/{cell}/samples/step_{N}/{bench}.jsonl
     {results}/runs/{cell}/eval/step_{N}/{bench}.jsonl (+ .metrics.json)
+    {results}/runs/{cell}/{samples,eval}/step_{N}/greedy/...  the greedy n=1 protocol (evaluation.greedy)
     {results}/base/{model}/...                          the base model's samples/ and eval/ at step 0
     {results}/tables/                                   the report
 
@@ -29,6 +30,8 @@ from pathlib import Path
 
 RUNS, BASE, CHECKPOINTS = "runs", "base", "checkpoints"
 COMPLETE = "COMPLETE"  # written last inside a checkpoint directory
+# The greedy n=1 protocol's samples and grades (evaluation.greedy): a subfolder of the step's own
+GREEDY = "greedy"
 METRICS_SUFFIX = ".metrics.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -150,6 +153,11 @@ def eval_dir(run: str | Path, step: int | str) -> Path:
 
 def eval_metrics_file(run: str | Path, step: int | str, bench: str) -> Path:
     return eval_dir(run, step) / f"{bench}{METRICS_SUFFIX}"
+
+
+def greedy_dir(step_dir: str | Path) -> Path:
+    """The greedy protocol's folder inside a step's samples or eval folder."""
+    return Path(step_dir) / GREEDY
 
 
 def complete_steps(run: str | Path) -> list[int]:

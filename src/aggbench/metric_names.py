@@ -33,8 +33,16 @@ LEDGER_COUNTS = (
 )
 # besides every avg@k/pass@k/maj@k: the proportions a metrics.json holds, logged to MLflow in percent
 PERCENT_NAMES = ("ci_low", "ci_high", "truncation_rate")
+# the greedy n=1 protocol's accuracy (evaluation.greedy): one decode per problem at temperature 0
+GREEDY = "greedy@1"
+# what the greedy protocol's metrics.json gives its benchmark in MLflow: {name: its field there}
+GREEDY_NAMES = {
+    GREEDY: "avg@1",
+    "greedy_mean_length": "mean_length",
+    "greedy_truncation_rate": "truncation_rate",
+}
 _METRIC = re.compile(r"^(avg|pass|maj)@([1-9][0-9]*)$")
-_REPORT_METRIC = re.compile(r"^(avg|pass|maj)@(n|[1-9][0-9]*)$")
+_REPORT_METRIC = re.compile(r"^(avg|pass|maj)@(n|[1-9][0-9]*)$|^greedy@1$")
 
 
 def parse(name: str) -> tuple[str, int] | None:
@@ -44,7 +52,7 @@ def parse(name: str) -> tuple[str, int] | None:
 
 
 def is_report_metric(name: str) -> bool:
-    """kind@k, or kind@n (n resolved per benchmark by the report)."""
+    """kind@k, or kind@n (n resolved per benchmark by the report), or greedy@1."""
     return bool(_REPORT_METRIC.match(name))
 
 
@@ -71,7 +79,8 @@ def in_mlflow_units(name: str, value: Any) -> float:
 def eval_metric_values(benchmark: str, metrics: Mapping[str, Any]) -> dict[str, float]:
     """The MLflow metrics of one benchmark's ``metrics.json`` content: every avg@/pass@/maj@ value
     (``metrics["metrics"]`` lists them), the CI of avg@n and the truncation rate, all in percent;
-    the mean length, the context counts and the grader ledger's counts as they are."""
+    the mean length, the context counts and the grader ledger's counts as they are; and, where
+    ``metrics["greedy"]`` holds the greedy protocol's metrics.json, :data:`GREEDY_NAMES` from it."""
     out = {
         mlflow_key(benchmark, m): in_mlflow_units(m, metrics[m])
         for m in metrics.get("metrics", [])
@@ -80,6 +89,10 @@ def eval_metric_values(benchmark: str, metrics: Mapping[str, Any]) -> dict[str, 
     for name in ("ci_low", "ci_high", "mean_length", "truncation_rate", *CONTEXT_COUNTS, *LEDGER_COUNTS):
         if metrics.get(name) is not None:
             out[mlflow_key(benchmark, name)] = in_mlflow_units(name, metrics[name])
+    greedy = metrics.get("greedy") or {}  # the greedy protocol's own metrics.json, where it ran
+    for name, field in GREEDY_NAMES.items():
+        if greedy.get(field) is not None:
+            out[mlflow_key(benchmark, name)] = in_mlflow_units(field, greedy[field])
     return out
 
 

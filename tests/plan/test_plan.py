@@ -387,3 +387,22 @@ def test_gpu_check_peak_memory_is_near_the_plan_on_a_gpu(tmp_path):
     ratio = result["peak_memory_bytes"] / result["plan_estimate"]["peak"]
     print(proc.stdout)
     assert 1 / 1.5 <= ratio <= 1.5, ratio
+
+
+def test_the_greedy_row_adds_one_decode_per_problem_to_the_evaluation_bill(tmp_path):
+    """evaluation.greedy (issue 28, item 4(b)) decodes each problem once more in the same generate job:
+    with n = 4 samples on every benchmark, a checkpoint's evaluation tokens are 5/4 of those without."""
+    cfg = yaml.safe_load(PAPER.read_text())
+    cfg["evaluation"]["n"] = 4
+    plans = {}
+    for greedy in (True, False):
+        cfg["evaluation"]["greedy"] = greedy
+        path = tmp_path / f"greedy-{greedy}.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        plans[greedy] = plan_json(path)
+    assert {w["greedy"] for w in plans[True]["benchmarks"]} == {1}
+    assert {w["greedy"] for w in plans[False]["benchmarks"]} == {0}
+    for name, on in plans[True]["models"].items():
+        off = plans[False]["models"][name]
+        assert on["eval_tokens_per_checkpoint"] == pytest.approx(1.25 * off["eval_tokens_per_checkpoint"])
+        assert on["eval_gpu_hours_per_checkpoint"] > off["eval_gpu_hours_per_checkpoint"]

@@ -104,3 +104,9 @@ def test_paper_commands_carry_the_model_overrides_and_stop_tokens(wf, tmp_path):
     assert not [ln for ln in qwen7b if "--top-k" in ln]
     # item 5: every generate job caps budgets at its model's context (32,768 for both paper models)
     assert all("--max-context 32768" in ln for ln in generate)
+    # item 4(b): every generate job also decodes greedily, and every grade job scores both protocols
+    assert all(ln.count("--greedy") == 1 for ln in generate)
+    grade = [ln for ln in lines if "aggbench score" in ln]
+    assert len(grade) == 96 * 6 + 2 * 6
+    for ln in grade:
+        assert ln.count("aggbench score") == 2 and ln.count("/greedy/") == 2, ln

@@ -22,7 +22,10 @@ CHECKPOINT_STEPS = {m: grid.checkpoint_steps(config, m) for m in MODELS}  # trai
 EVAL_STEPS = {m: grid.eval_steps(config, m) for m in MODELS}  # ... and these are evaluated
 EVAL = config["evaluation"]
 BASE_EVAL = bool(EVAL.get("base_model", True))
-# what `aggbench report` writes under {R}/tables/ (plus plots/, declared as a directory)
+# the greedy n=1 protocol beside the sampled one: written by the same generate and grade jobs
+GREEDY = bool(EVAL.get("greedy", False))
+# what `aggbench report` writes under {R}/tables/ (plus plots/, declared as a directory), and the
+# greedy protocol's tables under {R}/tables/greedy/
 TABLES = [f"{t}.{ext}" for t in ("peak", "last") for ext in ("md", "csv", "tex")] + ["values.csv"]
 
 
@@ -153,10 +156,21 @@ def samples_of(run, step):
     return str(layout.samples_dir(run, step))
 
 
-def eval_of(run, step, bench):
-    """(graded samples, metrics) of one benchmark at one step of a run or base directory."""
+def eval_of(run, step, bench, greedy=False):
+    """(graded samples, metrics) of one benchmark at one step of a run or base directory; greedy:
+    the greedy protocol's."""
     metrics = layout.eval_metrics_file(run, step, bench)
+    if greedy:
+        metrics = layout.greedy_dir(metrics.parent) / metrics.name
     return str(metrics.with_name(f"{bench}.jsonl")), str(metrics)
+
+
+def grade_files(run, step, bench):
+    """The grade rule's outputs: graded samples and metrics, and the greedy protocol's when on."""
+    out = dict(zip(("graded", "metrics"), eval_of(run, step, bench)))
+    if GREEDY:
+        out.update(zip(("greedy_graded", "greedy_metrics"), eval_of(run, step, bench, greedy=True)))
+    return out
 
 
 def cell_config(cell):
@@ -193,7 +207,10 @@ def grade_outputs():
 
 
 def report_outputs():
-    return [str(layout.tables_dir(R) / name) for name in TABLES]
+    out = [str(layout.tables_dir(R) / name) for name in TABLES]
+    if GREEDY:
+        out += [str(layout.greedy_dir(layout.tables_dir(R)) / name) for name in TABLES]
+    return out
 
 
 def report_plots():

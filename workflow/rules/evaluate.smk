@@ -6,10 +6,35 @@
 #   results/runs/{cell}/eval/step_{N}/{bench}.jsonl         grade (+ {bench}.metrics.json)
 #   results/base/{model}/samples/step_0/{bench}.jsonl       generate_base
 #   results/base/{model}/eval/step_0/{bench}.jsonl          grade_base (+ .metrics.json)
+#
+# evaluation.greedy: the same generate job also decodes each problem once greedily (n=1, temperature
+# 0) into samples/step_N/greedy/, and the same grade job grades them into eval/step_N/greedy/.
 
 
 def _samples(prefix):
-    return [f"{prefix}/{b}.jsonl" for b in BENCHMARKS] + [f"{prefix}/generation.json"]
+    out = [f"{prefix}/{b}.jsonl" for b in BENCHMARKS] + [f"{prefix}/generation.json"]
+    if GREEDY:
+        out += [f"{layout.greedy_dir(prefix)}/{b}.jsonl" for b in BENCHMARKS]
+    return out
+
+
+def _samples_in(prefix):
+    """The grade job's inputs: the benchmark's samples, and its greedy samples when on."""
+    out = {"samples": f"{prefix}/{{bench}}.jsonl"}
+    if GREEDY:
+        out["greedy"] = f"{layout.greedy_dir(prefix)}/{{bench}}.jsonl"
+    return out
+
+
+def _score():
+    """The grade job's command: score the samples (the command as before the greedy protocol, so
+    turning it off re-runs nothing), then, when on, the greedy samples."""
+    words = "aggbench score --benchmark {wildcards.bench}"
+    if not GREEDY:
+        return f"{words} --samples {{input}} --out {{output.graded}} --workers {{threads}} --quiet > {{log}} 2>&1"
+    one = f"{words} --samples {{input.samples}} --out {{output.graded}} --workers {{threads}} --quiet"
+    two = f"{words} --samples {{input.greedy}} --out {{output.greedy_graded}} --workers {{threads}} --quiet"
+    return f"( {one} && {two} ) > {{log}} 2>&1"
 
 
 rule generate:
@@ -60,10 +85,9 @@ rule generate_base:
 
 rule grade:
     input:
-        f"{samples_of(run_dir('{cell}'), '{step}')}/{{bench}}.jsonl",
+        **_samples_in(samples_of(run_dir('{cell}'), '{step}')),
     output:
-        graded=eval_of(run_dir("{cell}"), "{step}", "{bench}")[0],
-        metrics=eval_of(run_dir("{cell}"), "{step}", "{bench}")[1],
+        **grade_files(run_dir("{cell}"), "{step}", "{bench}"),
     log:
         f"{R}/logs/grade/{{cell}}/step_{{step}}/{{bench}}.log",
     threads: rule_threads("grade", model_of_cell)
@@ -71,16 +95,14 @@ rule grade:
         **rule_resources("grade", model_of_cell),
     shell:
         "{JOB_ENV} export OMP_NUM_THREADS=1; "
-        "aggbench score --benchmark {wildcards.bench} --samples {input} --out {output.graded} "
-        "--workers {threads} --quiet > {log} 2>&1"
+        + _score()
 
 
 rule grade_base:
     input:
-        f"{samples_of(base_dir('{model}'), 0)}/{{bench}}.jsonl",
+        **_samples_in(samples_of(base_dir('{model}'), 0)),
     output:
-        graded=eval_of(base_dir("{model}"), 0, "{bench}")[0],
-        metrics=eval_of(base_dir("{model}"), 0, "{bench}")[1],
+        **grade_files(base_dir("{model}"), 0, "{bench}"),
     log:
         f"{R}/logs/grade_base/{{model}}/{{bench}}.log",
     threads: rule_threads("grade_base", model_of_wildcard)
@@ -88,5 +110,4 @@ rule grade_base:
         **rule_resources("grade_base", model_of_wildcard),
     shell:
         "{JOB_ENV} export OMP_NUM_THREADS=1; "
-        "aggbench score --benchmark {wildcards.bench} --samples {input} --out {output.graded} "
-        "--workers {threads} --quiet > {log} 2>&1"
+        + _score()

@@ -99,6 +99,9 @@ def generate_command(checkpoint: Path, benchmarks: list[str], out: Path, **kw: A
             click.echo(
                 f"{name}: {b['n_problems']} problems x {b['n_samples']} -> {out / b['file']}", err=True
             )
+        for name, b in info.get("greedy", {}).get("benchmarks", {}).items():
+            where = out / info["greedy"]["dir"] / b["file"]
+            click.echo(f"{name}: {b['n_problems']} problems x 1 greedy -> {where}", err=True)
 
 
 @click.command(name="score")
@@ -200,6 +203,13 @@ def evaluate_command(
     if not kw["quiet"]:
         for metrics in result["metrics"].values():
             click.echo(_summary_line(metrics), err=True)
+            if "greedy" in metrics:
+                g = metrics["greedy"]
+                click.echo(
+                    f"{g['benchmark']}: greedy@1 {g['avg@1']:.4f} [{g['ci_low']:.4f}, {g['ci_high']:.4f}] "
+                    f"({g['n_problems']} problems)",
+                    err=True,
+                )
         if "mlflow" in result:
             ml = result["mlflow"]
             click.echo(

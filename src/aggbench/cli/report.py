@@ -125,6 +125,7 @@ def ingest_command(config: Path, cell_ids: tuple[str, ...], quiet: bool) -> None
 def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: bool, no_plots: bool) -> None:
     """Peak and last-step tables (Markdown, CSV, LaTeX) and plots, from MLflow, checked against the files."""
     from aggbench.grid import results_dir
+    from aggbench.metric_names import GREEDY
     from aggbench.report.collect import collect
     from aggbench.report.ingest import summarize, tracking_uri, verify
     from aggbench.report.render import write_tables
@@ -158,6 +159,13 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
         col = collect(exp, client, metric=metric, rule_versions=_rule_versions(exp))
         tables = build_tables(col, mismatched={p.cell_id for p in errors})
     paths = write_tables(tables, out, exp["experiment"], col)
+    greedy: list[Path] = []
+    if exp["evaluation"].get("greedy"):  # the greedy n=1 protocol's own tables, beside avg@n's
+        with click_error(ValueError):
+            g_col = collect(exp, client, metric=GREEDY, rule_versions=_rule_versions(exp))
+            g_tables = build_tables(g_col, mismatched={p.cell_id for p in errors}, reported=False)
+        heading = f"{exp['experiment']}, greedy decoding (n=1, temperature 0)"
+        greedy = write_tables(g_tables, layout.greedy_dir(out), heading, g_col)
     plots: list[Path] = []
     if not no_plots:
         from aggbench.report.analysis import plot_analysis
@@ -167,8 +175,8 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
         plots += plot_analysis(col, out / "plots", results_dir(exp))
     from aggbench.report.summary import log_summary
 
-    run_id = log_summary(uri, exp["experiment"], paths, plots)
-    for p in [*paths, *plots]:
+    run_id = log_summary(uri, exp["experiment"], paths, plots, greedy)
+    for p in [*paths, *greedy, *plots]:
         click.echo(str(p))
     click.echo(f"summary MLflow run {run_id} ({exp['experiment']}__summary)")
     click.echo(ui_hint(client, uri, exp["experiment"]))

@@ -12,7 +12,7 @@ from aggbench.evaluation.generate import generate_benchmarks
 from aggbench.evaluation.mlflow import log_eval_metrics
 from aggbench.evaluation.options import GenerateOptions
 from aggbench.evaluation.score import EvaluationError, score_benchmark, write_json
-from aggbench.layout import is_base_dir
+from aggbench.layout import greedy_dir, is_base_dir
 
 
 def evaluate_checkpoint(
@@ -33,7 +33,9 @@ def evaluate_checkpoint(
     """generate + score every benchmark of one checkpoint, then log to MLflow at ``step``.
 
     Writes ``out_dir/{benchmark}.jsonl``, ``.metrics.json`` and ``out_dir/evaluation.json``
-    (samples under ``samples_dir``, default ``out_dir/samples``). Returns evaluation.json's content.
+    (samples under ``samples_dir``, default ``out_dir/samples``); with ``options.greedy`` the greedy
+    protocol's files under ``out_dir/greedy/`` too, its metrics as each benchmark's ``greedy`` entry
+    (``metric_names.eval_metric_values`` logs them as ``greedy@1``). Returns evaluation.json's content.
     """
     options = options or GenerateOptions()
     out_dir = Path(out_dir)
@@ -49,6 +51,14 @@ def evaluate_checkpoint(
             bench,
             samples_dir / f"{bench}.jsonl",
             out_dir / f"{bench}.jsonl",
+            workers=workers,
+            progress=options.progress,
+        )
+    for bench in generation.get("greedy", {}).get("benchmarks", {}):  # the greedy n=1 protocol
+        metrics[bench]["greedy"] = score_benchmark(
+            bench,
+            greedy_dir(samples_dir) / f"{bench}.jsonl",
+            greedy_dir(out_dir) / f"{bench}.jsonl",
             workers=workers,
             progress=options.progress,
         )

@@ -31,12 +31,13 @@ from aggbench import seeds
 from aggbench.devices import check_device
 from aggbench.evaluation.context import PROMPT_TOO_LONG, model_context, response_budgets
 from aggbench.evaluation.context import summary as context_summary
-from aggbench.evaluation.options import GenerateOptions
+from aggbench.evaluation.options import GenerateOptions, greedy_options
 from aggbench.evaluation.score import (
     EvaluationError,
     write_json,
     write_jsonl,
 )
+from aggbench.layout import GREEDY, greedy_dir
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +249,8 @@ def generate_benchmarks(
 
     Writes ``out_dir/{benchmark}.jsonl`` for each benchmark and ``out_dir/generation.json``;
     returns the content of the latter. Temperature 0 means greedy decoding (one decode, copied to
-    the ``n`` samples).
+    the ``n`` samples). ``options.greedy``: also the greedy n=1 protocol into
+    ``out_dir/greedy/{benchmark}.jsonl`` (generation.json's ``greedy`` section).
     """
     from aggbench.data.benchmarks import load_benchmark, load_benchmark_spec
 
@@ -271,12 +273,51 @@ def generate_benchmarks(
     context = options.max_context or model_context(checkpoint)
     engine, model, tokenizer = _make_engine(options.engine, checkpoint, options, context)
     load_s = time.perf_counter() - t_start
+    summary = _sample_all(specs, records, engine, model, tokenizer, options, context, Path(out_dir))
+    greedy = None
+    if options.greedy:  # the greedy n=1 protocol, with the model already loaded
+        greedy = _sample_all(
+            specs, records, engine, model, tokenizer, greedy_options(options), context, greedy_dir(out_dir)
+        )
+    info = {
+        "checkpoint": str(checkpoint),
+        "engine": options.engine,
+        "device": resolve_device(options.device) if options.engine == "hf" else f"vllm ({_vllm_device()})",
+        "dtype": resolve_dtype(
+            options.dtype, resolve_device(options.device) if options.engine == "hf" else _vllm_device()
+        ),
+        "seed": options.seed,
+        "model_loads": MODEL_LOADS - loads_before,
+        "model_load_s": round(load_s, 3),
+        "total_s": round(time.perf_counter() - t_start, 3),
+        "options": {k: v for k, v in asdict(options).items() if k not in ("progress", "data_dir", "fetched")},
+        "benchmarks": summary,
+        **({"greedy": {"dir": GREEDY, "benchmarks": greedy}} if greedy is not None else {}),
+        "versions": _versions(),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    write_json(Path(out_dir) / "generation.json", info)
+    return info
+
+
+def _sample_all(
+    specs: Sequence[Any],
+    records: Sequence[Any],
+    engine: Any,
+    model: Any,
+    tokenizer: Any,
+    options: GenerateOptions,
+    context: int | None,
+    out_dir: Path,
+) -> dict[str, Any]:
+    """Sample every benchmark under ``options`` into ``out_dir/{benchmark}.jsonl``; returns
+    generation.json's ``benchmarks`` summary (one entry per benchmark)."""
     summary: dict[str, Any] = {}
     for spec, recs in zip(specs, records, strict=True):
         t0 = time.perf_counter()
         rows, meta = sample_benchmark(spec, recs, engine, model, tokenizer, options, context)
         seconds = time.perf_counter() - t0
-        write_jsonl(Path(out_dir) / f"{spec.name}.jsonl", rows)
+        write_jsonl(out_dir / f"{spec.name}.jsonl", rows)
         tokens = sum(r["length"] for r in rows)
         summary[spec.name] = {
             "file": f"{spec.name}.jsonl",
@@ -292,24 +333,7 @@ def generate_benchmarks(
             "public_tests_only": recs.public_tests_only,
         }
         log.info("%s: %d samples in %.1f s (%d tokens)", spec.name, len(rows), seconds, tokens)
-    info = {
-        "checkpoint": str(checkpoint),
-        "engine": options.engine,
-        "device": resolve_device(options.device) if options.engine == "hf" else f"vllm ({_vllm_device()})",
-        "dtype": resolve_dtype(
-            options.dtype, resolve_device(options.device) if options.engine == "hf" else _vllm_device()
-        ),
-        "seed": options.seed,
-        "model_loads": MODEL_LOADS - loads_before,
-        "model_load_s": round(load_s, 3),
-        "total_s": round(time.perf_counter() - t_start, 3),
-        "options": {k: v for k, v in asdict(options).items() if k not in ("progress", "data_dir", "fetched")},
-        "benchmarks": summary,
-        "versions": _versions(),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    write_json(Path(out_dir) / "generation.json", info)
-    return info
+    return summary
 
 
 def sample_benchmark(

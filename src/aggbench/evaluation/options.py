@@ -52,6 +52,7 @@ class GenerateOptions:
         ``max_position_embeddings``); the policy is ``aggbench.evaluation.context``.
     stop_tokens: vocabulary tokens that end a response besides the model's EOS (Qwen's
         ``<|im_end|>``, ``<|endoftext|>``: the stop words of Qwen2.5-Math's evaluation).
+    greedy: also the greedy protocol (:func:`greedy_options`), written to ``OUT/greedy/``.
     progress: progress bars (the command line's ``--quiet`` turns them off).
     """
 
@@ -135,6 +136,14 @@ class GenerateOptions:
         metavar="NAME",
     )
 
+    greedy: bool = _flag(
+        False,
+        "--greedy",
+        "Also decode every problem once greedily (n=1, temperature 0: Qwen2.5-Math's protocol), "
+        "with the model already loaded, into OUT/greedy/{benchmark}.jsonl [off; the generate rule "
+        "passes evaluation.greedy].",
+    )
+
     def __post_init__(self) -> None:
         if self.prompt_format is not None:
             from aggbench.evaluation.prompt_formats import get_prompt_format
@@ -152,6 +161,13 @@ class GenerateOptions:
                 f"--tensor-parallel-size {self.tensor_parallel_size} applies to --engine vllm only "
                 f"(the {self.engine} engine runs on one device): drop it or use --engine vllm"
             )
+
+
+def greedy_options(options: GenerateOptions) -> GenerateOptions:
+    """The greedy n=1 protocol of ``options``: one decode per problem at temperature 0 (top-p and
+    top-k do not apply to argmax), everything else (prompt, context, stop tokens, max tokens) the
+    same, so the greedy row differs from the sampled one by the decoding only."""
+    return dataclasses.replace(options, n=1, temperature=0.0, top_p=None, top_k=None, greedy=False)
 
 
 class FlagField(NamedTuple):
@@ -222,6 +238,7 @@ WORKFLOW: tuple[FromConfig, ...] = (
     FromConfig("temperature", "model_sampling"),
     FromConfig("top_p", "model_sampling"),
     FromConfig("top_k", "model_sampling"),
+    FromConfig("greedy", "evaluation", unless=(None, False)),  # off: the command line as before
 )
 
 

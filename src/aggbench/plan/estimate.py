@@ -141,7 +141,8 @@ def model_shape(exp: dict, name: str, plan: dict) -> tuple[cm.ModelShape, str]:
 
 
 def benchmark_workload(exp: dict, plan: dict) -> list[dict[str, Any]]:
-    """Per benchmark: problems (and where that number came from), samples, max response tokens."""
+    """Per benchmark: problems (and where that number came from), samples, the greedy protocol's
+    decodes per problem (0 or 1), max response tokens."""
     from aggbench.data import load_benchmark_spec
     from aggbench.data.rows import resolve_data_dir
 
@@ -168,6 +169,7 @@ def benchmark_workload(exp: dict, plan: dict) -> list[dict[str, Any]]:
                 "problems": problems,
                 "problems_source": source,
                 "samples": int(ev.get("n") or spec.sampling.n),
+                "greedy": 1 if ev.get("greedy") else 0,  # the greedy protocol's one decode per problem
                 "max_tokens": int(ev.get("max_tokens") or spec.sampling.max_tokens),
             }
         )
@@ -304,8 +306,9 @@ def _train_time(exp, name, plan, shape: cm.ModelShape, a, given, prompt, resp, r
 def _eval_time(exp, name, plan, shape: cm.ModelShape, given, workload, frac, prompt, gen_gpus) -> _EvalTime:
     """Evaluating one checkpoint on every benchmark of ``workload`` (responses at ``frac`` of their
     maximum, prompts of ``prompt`` tokens) on the generate job's ``gen_gpus`` GPUs."""
-    tokens = sum(w["problems"] * w["samples"] * _eval_response(w, frac, prompt, exp, name) for w in workload)
-    ctx = prompt + (tokens / max(sum(w["problems"] * w["samples"] for w in workload), 1)) / 2
+    decodes = {w["name"]: w["problems"] * (w["samples"] + w.get("greedy", 0)) for w in workload}
+    tokens = sum(decodes[w["name"]] * _eval_response(w, frac, prompt, exp, name) for w in workload)
+    ctx = prompt + (tokens / max(sum(decodes.values()), 1)) / 2
     tps, src = _throughput("generate", given, plan, shape.forward_flops_per_token(ctx), gen_gpus > 0)
     hours = tokens / tps / 3600 if tps else None
     gpu_h = None if hours is None else (hours if gen_gpus else 0.0)

@@ -103,7 +103,8 @@ class Source:
 
 
 def _evals_in(run_dir: Path) -> dict[int, dict[str, dict[str, Any]]]:
-    """{step: {benchmark: metrics.json content}} under ``run_dir``'s eval folder."""
+    """{step: {benchmark: metrics.json content}} under ``run_dir``'s eval folder; the greedy
+    protocol's metrics.json (``step_N/greedy/``) goes in as its benchmark's ``greedy`` entry."""
     out: dict[int, dict[str, dict[str, Any]]] = {}
     root = layout.eval_root(run_dir)
     if not root.is_dir():
@@ -112,14 +113,24 @@ def _evals_in(run_dir: Path) -> dict[int, dict[str, dict[str, Any]]]:
         step = layout.step_of(d.name)
         if step is None or not d.is_dir():
             continue
-        for f in sorted(d.glob(f"*{layout.METRICS_SUFFIX}")):
-            if f.name.startswith("."):
-                continue
-            try:
-                content = json.loads(f.read_text())
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{f}: not valid JSON ({exc.msg}); re-run its grade job") from None
-            out.setdefault(step, {})[f.name[: -len(layout.METRICS_SUFFIX)]] = content
+        for bench, content in _metrics_files(d):
+            out.setdefault(step, {}).setdefault(bench, {}).update(content)
+        for bench, content in _metrics_files(layout.greedy_dir(d)):
+            out.setdefault(step, {}).setdefault(bench, {})["greedy"] = content
+    return out
+
+
+def _metrics_files(d: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(benchmark, content) of every ``{benchmark}.metrics.json`` in folder ``d`` (none if absent)."""
+    out = []
+    for f in sorted(d.glob(f"*{layout.METRICS_SUFFIX}")) if d.is_dir() else []:
+        if f.name.startswith("."):
+            continue
+        try:
+            content = json.loads(f.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{f}: not valid JSON ({exc.msg}); re-run its grade job") from None
+        out.append((f.name[: -len(layout.METRICS_SUFFIX)], content))
     return out
 
 

@@ -4,11 +4,13 @@ Every table file is there as written (``tables/{peak,last}.{md,csv,tex}``, ``tab
 and each CSV also as an MLflow table (``tables/{name}.json``), so a notebook reads it back with
 ``mlflow.load_table("tables/last.json", run_ids=[...])``: the CSV's columns and rows as pandas reads
 them (peak and last: one row per table x rule x column, the long form; values: one row per cell x
-benchmark x step), empty cells null. The run is FINISHED once they are logged.
+benchmark x step), empty cells null; the greedy protocol's tables (evaluation.greedy) likewise under
+``tables/greedy/``. The run is FINISHED once they are logged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +25,20 @@ def table_frame(csv_path: Path) -> Any:
     return pd.read_csv(csv_path)
 
 
-def log_summary(uri: str, experiment: str, tables: list[Path], plots: list[Path]) -> str:
+def log_summary(
+    uri: str, experiment: str, tables: list[Path], plots: list[Path], greedy: Sequence[Path] = ()
+) -> str:
     """Log tables (each CSV also as an MLflow table) and plots to the run ``{experiment}__summary``,
     replacing its earlier artifacts (deleted first where the artifact store is a local directory;
-    overwritten elsewhere)."""
+    overwritten elsewhere); ``greedy``: the greedy protocol's tables, under ``tables/greedy``."""
     run = open_run(uri, experiment, summary_id(experiment), None)  # no marker file under out/
     run.set_tags({KIND_TAG: "summary"})
     run.clear_artifacts()
-    for p in tables:
-        run.log_file(p, "tables")
-        if p.suffix == ".csv":
-            log_table(run.client, run.run_id, table_frame(p), f"tables/{p.stem}.json")
+    for where, paths in (("tables", tables), ("tables/greedy", greedy)):
+        for p in paths:
+            run.log_file(p, where)
+            if p.suffix == ".csv":
+                log_table(run.client, run.run_id, table_frame(p), f"{where}/{p.stem}.json")
     for p in plots:
         run.log_file(p, "plots")
     run.set_status("FINISHED")

@@ -268,10 +268,14 @@ def _bench_note(note: str) -> str:
     return note
 
 
-def build_tables(col: Collected, *, mismatched: Iterable[str] = ()) -> dict[str, list[Table]]:
+def build_tables(
+    col: Collected, *, mismatched: Iterable[str] = (), reported: bool = True
+) -> dict[str, list[Table]]:
     """{"peak": [per-benchmark and best-average table of every block], "last": [...]}.
 
     mismatched: cell ids whose MLflow data differ from their run files (flagged, not dropped).
+    reported: show the config's ``reported:`` numbers and deltas (off for the greedy tables: the
+    paper's numbers are of its own sampled protocol, not of greedy decoding).
     """
     check_reported(col.exp)
     bad = set(mismatched)
@@ -318,7 +322,8 @@ def build_tables(col: Collected, *, mismatched: Iterable[str] = ()) -> dict[str,
                 kind = "control" if rule.endswith(grid.RANDOM_SUFFIX) else "rule"
                 rows.append(Row(rule, kind, entries, step, rule in flagged))
             for row in rows:
-                rep = _reported(col.exp, model, dataset, "base" if row.kind == "base" else row.label, benches)
+                label = "base" if row.kind == "base" else row.label
+                rep = _reported(col.exp, model, dataset, label, benches) if reported else {}
                 for k, e in row.entries.items():
                     e.reported = rep.get(k)
             for k in columns:
