@@ -268,10 +268,14 @@ def test_the_7b_evaluates_on_qwen_math_evals_own_prompt_and_livecodebench_on_its
     from aggbench.data.benchmarks import load_benchmark_spec
 
     raw, exp = _paper()
-    assert exp["models"]["qwen2.5-math-7b"]["prompt_format"] == "qwen25-math-cot"
+    assert exp["models"]["qwen2.5-math-7b"]["prompt_format"] == ["qwen25-math-cot", "lcb-codeqwen"]
     assert "prompt_format" not in exp["models"]["qwen3-1.7b"]
-    head = raw[raw.index("  qwen2.5-math-7b:") : raw.index("prompt_format: qwen25-math-cot")]
+    head = raw[raw.index("  qwen2.5-math-7b:") : raw.index("prompt_format: [qwen25-math-cot")]
     assert "[Qwen-Math-eval]" in head and 'PROMPT_TEMPLATES["qwen25-math-cot"]' in head
+    assert "[LCB]" in head and "CodeQwenInstruct" in head and "28fef95e" in head
+    q3 = raw[raw.index("  qwen3-1.7b:") : raw.index("evaluation_sampling:")]
+    assert "[LCB]" in q3 and "[assumed: lcb_runner sends its raw string" in q3
+    assert "28fef95ea8c9f7a547c8329f2cd3d32b92c1fa24" in raw[: raw.index("experiment: paper")]
     assert "a45202bd16f1ec06f433442dc1152d0074773465" in raw
     text = (PAPER.parent / "benchmarks" / "livecodebench.yaml").read_text()
     assert load_benchmark_spec("livecodebench").system_prompt == "You are a helpful assistant."

@@ -96,7 +96,8 @@ def test_paper_commands_carry_the_model_overrides_and_stop_tokens(wf, tmp_path):
     assert all("--stop-token '<|im_end|>' --stop-token '<|endoftext|>'" in ln for ln in generate)
     # issue 28, item 4(a): the 7B's evaluation prompt is Qwen2.5-Math's own format; Qwen3's is not
     qwen7b = [ln for ln in generate if "qwen2.5-math-7b" in ln]
-    assert len(qwen7b) == 49 and all("--prompt-format qwen25-math-cot" in ln for ln in qwen7b)
+    assert len(qwen7b) == 49
+    assert all("--prompt-format qwen25-math-cot --prompt-format lcb-codeqwen" in ln for ln in qwen7b)
     assert not [ln for ln in generate if "qwen2.5-math-7b" not in ln and "--prompt-format" in ln]
     # item 4(c): Qwen3's generate jobs sample as its non-thinking mode recommends
     qwen3 = [ln for ln in generate if "qwen3-1.7b" in ln]

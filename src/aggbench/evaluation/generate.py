@@ -135,11 +135,11 @@ def prompt_settings(spec: Any, options: GenerateOptions) -> dict[str, Any]:
     """How one benchmark's prompts are built (recorded in generation.json): keyword arguments of
     :func:`aggbench.prompts.format_prompt`, or a raw ``prompt_format`` that fits the benchmark's
     grader (:mod:`.prompt_formats`; then no chat template, no system prompt of its own)."""
-    if options.prompt_format is not None:
-        from aggbench.evaluation.prompt_formats import get_prompt_format
+    from aggbench.evaluation.prompt_formats import get_prompt_format
 
-        if get_prompt_format(options.prompt_format).applies_to(spec.grader.name):
-            return {"prompt_format": options.prompt_format, "system_prompt": None, "chat_template": False}
+    for name in options.prompt_format:  # the first format written for this benchmark's grader
+        if get_prompt_format(name).applies_to(spec.grader.name):
+            return {"prompt_format": name, "system_prompt": None, "chat_template": False}
     chat = spec.use_chat_template if options.chat_template is None else options.chat_template
     system = options.system_prompt if options.system_prompt is not None else spec.system_prompt
     return {"system_prompt": system, "enable_thinking": options.enable_thinking, "chat_template": chat}
@@ -156,7 +156,9 @@ def format_prompts(
         from aggbench.evaluation.prompt_formats import get_prompt_format
 
         fmt = get_prompt_format(settings["prompt_format"])
-        texts = [fmt.render(str(r["prompt"])) for r in records]
+        # a format wraps the raw problem, or the benchmark's own user prompt (its prompt_template)
+        inputs = [str(r["prompt"]) if fmt.wraps == "problem" else spec.render_prompt(r) for r in records]
+        texts = [fmt.render(x) for x in inputs]
         return texts, [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     users = [spec.render_prompt(r) for r in records]
     texts = [format_prompt(tokenizer, u, **settings) for u in users]

@@ -126,13 +126,14 @@ class GenerateOptions:
         metavar="TOKEN",
     )
 
-    prompt_format: str | None = _flag(
-        None,
+    prompt_format: tuple[str, ...] = _flag(
+        (),
         "--prompt-format",
-        "A raw prompt format written as an evaluation's source writes it (qwen25-math-cot: "
-        "Qwen2.5-Math's), for the benchmarks whose grader it fits; the chat template and the "
-        "benchmark's prompt_template are then not applied [none; the generate rule passes "
-        "models.<m>.prompt_format].",
+        "A raw prompt format written as an evaluation's source writes it (repeatable: a benchmark "
+        "gets the first whose graders include its grader; qwen25-math-cot: Qwen2.5-Math's, "
+        "lcb-codeqwen: LiveCodeBench's CodeQwenInstruct style); the chat template and, for a "
+        "problem-wrapping format, the benchmark's prompt_template are then not applied [none; the "
+        "generate rule passes models.<m>.prompt_format].",
         metavar="NAME",
     )
 
@@ -145,15 +146,19 @@ class GenerateOptions:
     )
 
     def __post_init__(self) -> None:
-        if self.prompt_format is not None:
+        if isinstance(self.prompt_format, str):  # one name, as models.<m>.prompt_format may give it
+            self.prompt_format = (self.prompt_format,)
+        self.prompt_format = tuple(self.prompt_format or ())
+        if self.prompt_format:
             from aggbench.evaluation.prompt_formats import get_prompt_format
             from aggbench.evaluation.score import EvaluationError
             from aggbench.registry import RegistryError
 
-            try:
-                get_prompt_format(self.prompt_format)
-            except RegistryError as exc:
-                raise EvaluationError(f"--prompt-format: {exc}") from None
+            for name in self.prompt_format:
+                try:
+                    get_prompt_format(name)
+                except RegistryError as exc:
+                    raise EvaluationError(f"--prompt-format: {exc}") from None
         if self.tensor_parallel_size > 1 and self.engine != "vllm":
             from aggbench.evaluation.score import EvaluationError  # not imported by the Snakefile
 
@@ -233,7 +238,9 @@ WORKFLOW: tuple[FromConfig, ...] = (
     FromConfig("enable_thinking", "model"),
     FromConfig("chat_template", "model", unless=(None, True)),  # true: the benchmark's use_chat_template
     FromConfig("stop_tokens", "model"),
-    FromConfig("prompt_format", "model", unless=(None, "")),  # last: added later, the others keep their order
+    FromConfig(
+        "prompt_format", "model", unless=(None, "", ())
+    ),  # last: added later, the others keep their order
     # models.<m>.evaluation_sampling: the model's own recommended sampling over the benchmarks' YAML
     FromConfig("temperature", "model_sampling"),
     FromConfig("top_p", "model_sampling"),
@@ -262,6 +269,14 @@ def workflow_args(evaluation: Mapping[str, Any], model: Mapping[str, Any], gpus:
         values = sections[source.section]
         if not source.unless:
             args += cli_args(source.name, values[source.name])
-        elif (value := values.get(source.name)) not in source.unless:
+        elif (value := _as_field(source.name, values.get(source.name))) not in source.unless:
             args += cli_args(source.name, value)
     return args
+
+
+def _as_field(name: str, value: Any) -> Any:
+    """A config value as its field holds it: a repeatable field's one name (``prompt_format:
+    qwen25-math-cot``) or list as a tuple."""
+    if flag_fields()[name].kind is tuple and value is not None:
+        return (value,) if isinstance(value, str) else tuple(value)
+    return value
