@@ -116,3 +116,26 @@ def test_evaluate_logs_greedy_at_1_beside_avg_at_n(tiny_model, tmp_path, options
         assert metric_history(client, run_id, f"eval/{bench}/greedy_mean_length") == {
             0: pytest.approx(greedy["mean_length"])
         }
+
+
+def test_score_grades_the_greedy_samples_in_the_same_process(tiny_model, tmp_path, options):
+    from click.testing import CliRunner
+
+    from aggbench.cli import main
+
+    gen = tmp_path / "gen"
+    generate_benchmarks(tiny_model, ["tiny_test"], gen, replace(options, greedy=True))
+    out, g_out = tmp_path / "eval" / "tiny_test.jsonl", tmp_path / "eval" / "greedy" / "tiny_test.jsonl"
+    args = ["score", "--benchmark", "tiny_test", "--samples", str(gen / "tiny_test.jsonl"), "--out", str(out)]
+    res = CliRunner().invoke(
+        main, [*args, "--greedy-samples", str(gen / "greedy" / "tiny_test.jsonl"), "--greedy-out", str(g_out)]
+    )
+    assert res.exit_code == 0, res.output
+    sampled = json.loads(out.with_name("tiny_test.metrics.json").read_text())
+    greedy = json.loads(g_out.with_name("tiny_test.metrics.json").read_text())
+    assert (sampled["n_samples"], greedy["n_samples"]) == (2, 1)
+    assert greedy["n_responses"] == 3 and len(read_jsonl(g_out)) == 3
+    # the one without the other is refused before anything is graded
+    res = CliRunner().invoke(main, [*args[:-1], str(tmp_path / "x.jsonl"), "--greedy-out", str(g_out)])
+    assert res.exit_code != 0 and "--greedy-samples and --greedy-out together" in res.output
+    assert not (tmp_path / "x.jsonl").exists()

@@ -28,13 +28,13 @@ def _samples_in(prefix):
 
 def _score():
     """The grade job's command: score the samples (the command as before the greedy protocol, so
-    turning it off re-runs nothing), then, when on, the greedy samples."""
-    words = "aggbench score --benchmark {wildcards.bench}"
+    turning it off re-runs nothing) and, when on, the greedy samples in the same process."""
+    cmd = "aggbench score --benchmark {wildcards.bench}"
     if not GREEDY:
-        return f"{words} --samples {{input}} --out {{output.graded}} --workers {{threads}} --quiet > {{log}} 2>&1"
-    one = f"{words} --samples {{input.samples}} --out {{output.graded}} --workers {{threads}} --quiet"
-    two = f"{words} --samples {{input.greedy}} --out {{output.greedy_graded}} --workers {{threads}} --quiet"
-    return f"( {one} && {two} ) > {{log}} 2>&1"
+        return cmd + " --samples {input} --out {output.graded} --workers {threads} --quiet > {log} 2>&1"
+    cmd += " --samples {input.samples} --out {output.graded}"
+    cmd += " --greedy-samples {input.greedy} --greedy-out {output.greedy_graded}"
+    return cmd + " --workers {threads} --quiet > {log} 2>&1"
 
 
 rule generate:

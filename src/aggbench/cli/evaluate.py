@@ -108,22 +108,46 @@ def generate_command(checkpoint: Path, benchmarks: list[str], out: Path, **kw: A
 @click.option("--benchmark", required=True, help="Benchmark name or YAML path (its grader is used).")
 @in_file_option("--samples", help="The samples JSONL written by `aggbench generate`.")
 @out_file_option("--out", help="Graded samples JSONL; the metrics go next to it as NAME.metrics.json.")
+@click.option(
+    "--greedy-samples",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Also grade the greedy protocol's samples (generate --greedy: OUT/greedy/NAME.jsonl) in the "
+    "same process; with --greedy-out.",
+)
+@click.option(
+    "--greedy-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Graded greedy samples JSONL (metrics beside it); with --greedy-samples.",
+)
 @workers_option
 @timeout_option
 @quiet_option("No progress bar or summary line.")
 @click_errors
 def score_command(
-    benchmark: str, samples: Path, out: Path, workers: int | None, timeout_s: float | None, quiet: bool
+    benchmark: str,
+    samples: Path,
+    out: Path,
+    greedy_samples: Path | None,
+    greedy_out: Path | None,
+    workers: int | None,
+    timeout_s: float | None,
+    quiet: bool,
 ) -> None:
-    """Grade one benchmark's samples and compute its metrics."""
+    """Grade one benchmark's samples and compute its metrics (and its greedy samples', if given)."""
     from aggbench.evaluation.score import metrics_path, score_benchmark
 
+    if (greedy_samples is None) != (greedy_out is None):
+        raise click.UsageError("give --greedy-samples and --greedy-out together (or neither)")
     _setup_logging(quiet)
-    metrics = score_benchmark(
-        benchmark, samples, out, workers=workers, timeout_s=timeout_s, progress=not quiet
-    )
-    if not quiet:
-        click.echo(_summary_line(metrics) + f" -> {metrics_path(out)}", err=True)
+    jobs = [(samples, out)] + ([(greedy_samples, greedy_out)] if greedy_samples and greedy_out else [])
+    for path, dest in jobs:
+        metrics = score_benchmark(
+            benchmark, path, dest, workers=workers, timeout_s=timeout_s, progress=not quiet
+        )
+        if not quiet:
+            click.echo(_summary_line(metrics) + f" -> {metrics_path(dest)}", err=True)
 
 
 def _summary_line(m: dict[str, Any]) -> str:
