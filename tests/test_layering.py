@@ -51,6 +51,8 @@ ALLOWED: dict[str, set[str]] = {
     | {"config_errors", "environment", "errors", "prompts", "registry", "rollout/", "tiny/", "tracking"},
     "evaluation/": {"data/", "devices", "files", "graders", "grading/", "modeldir", "prompts", "rollout/"}
     | {"environment", "errors", "layout", "metric_names", "registry", "seeds", "tiny/", "tracking"},
+    # other trainers' loss modes as weights (aggbench audit): the rules and explain's batch
+    "audit/": {"aggregation/", "registry"},
     # adapters for other trainers: the rules, nothing of aggbench's trainer
     "integrations/": {"aggregation/", "errors"},
     "report/": {"config", "data/", "files", "grid", "layout", "metric_names", "tracking"}
@@ -80,7 +82,7 @@ NO_TORCH = (
         "plan/",
     }
 )
-PUBLIC_INITS = {"aggbench.aggregation", "aggbench.data", "aggbench.rollout", "aggbench.cli"}
+PUBLIC_INITS = {"aggbench.aggregation", "aggbench.audit", "aggbench.data", "aggbench.rollout", "aggbench.cli"}
 
 
 def part_of(module: str, src: Path = SRC) -> str:

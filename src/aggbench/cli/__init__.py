@@ -16,6 +16,10 @@ import click
 COMMANDS: dict[str, tuple[str, str]] = {
     "explain": ("aggbench.cli.explain", "Show what every aggregation rule does to a batch."),
     "rules": ("aggbench.cli.explain:rules_command", "List the registered aggregation rules."),
+    "audit": (
+        "aggbench.cli.audit",
+        "Show what another trainer's loss mode (TRL, verl, OpenRLHF, SkyRL) does to a batch.",
+    ),
     "prepare-model": (
         "aggbench.cli.prepare_model",
         "Build a model directory: the tiny model, a local copy, or a hub snapshot.",

@@ -18,6 +18,7 @@ import click
 
 from aggbench.aggregation.contract import RuleInstance, builtin_instances, get_rule, rule_names
 from aggbench.aggregation.explain import (
+    Batch,
     BatchInputError,
     GroupLabel,
     check_counts,
@@ -176,33 +177,86 @@ def _select(rules: str | None) -> dict[str, RuleInstance]:
     return chosen
 
 
+def batch_options(fn):
+    """The options that describe a batch (shared with ``aggbench audit``)."""
+    for opt in reversed(_BATCH_OPTIONS):
+        fn = opt(fn)
+    return fn
+
+
+_BATCH_OPTIONS = [
+    click.option("--lengths", help="Response lengths in tokens, comma-separated: 10,500,20,30."),
+    click.option("--rewards", help="Rewards, one per length, comma-separated: 1,0,1,0."),
+    click.option(
+        "--rollouts",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help="JSONL file, one response per line with fields group, length, reward (instead of --lengths/--rewards).",
+    ),
+    click.option(
+        "--group-size", type=int, help="Consecutive groups of this size (default: one group of all)."
+    ),
+    click.option("--groups", "groups_text", help="Group label of each sequence, comma-separated: 0,0,1,1."),
+    click.option(
+        "--advantage", default="grpo", show_default=True, help="Advantage estimator (grpo, drgrpo, ...)."
+    ),
+    click.option(
+        "--std",
+        type=click.Choice(["bessel", "population"]),
+        help="grpo's group std: bessel (divide by G-1, verl/TRL; default) or population (divide by G).",
+    ),
+    click.option(
+        "--max-length",
+        type=int,
+        help="Pad responses to this width (constant's L_max when it has no max_length); default: the longest.",
+    ),
+]
+
+
+def read_batch(
+    lengths: str | None,
+    rewards: str | None,
+    rollouts: Path | None,
+    group_size: int | None,
+    groups_text: str | None,
+    advantage: str,
+    std: str | None,
+    max_length: int | None,
+    example: str = _EXAMPLE,
+) -> Batch:
+    """The batch ``batch_options`` describe (a usage error names what is missing or clashes)."""
+    if rollouts is not None:
+        given = [
+            n for n, v in (("--lengths", lengths), ("--rewards", rewards), ("--groups", groups_text)) if v
+        ]
+        if group_size is not None:
+            given.append("--group-size")
+        if given:
+            raise click.UsageError(f"--rollouts gives lengths, rewards and groups; drop {', '.join(given)}")
+        lens, rews, groups = read_rollouts(rollouts)
+    else:
+        if lengths is None or rewards is None:
+            missing = " and ".join(
+                n for n, v in (("--lengths", lengths), ("--rewards", rewards)) if v is None
+            )
+            raise click.UsageError(f"missing {missing} (or give --rollouts FILE). Example: {example}")
+        lens, rews = parse_lengths(lengths), parse_rewards(rewards)
+        if group_size is not None and groups_text is not None:
+            raise click.UsageError("give --group-size or --groups, not both")
+        groups: list[Any] | None = None
+        if groups_text is not None:
+            groups = parse_groups(groups_text)
+        elif group_size is not None:
+            check_counts(lens, rews)  # a count mismatch is the clearer error
+            groups = groups_from_size(len(lens), group_size)
+    return make_batch(lens, rews, groups, advantage=advantage, std=std, max_length=max_length)
+
+
 @click.command(
     "explain",
     epilog=f"\b\nExample:\n  {_EXAMPLE}",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-@click.option("--lengths", help="Response lengths in tokens, comma-separated: 10,500,20,30.")
-@click.option("--rewards", help="Rewards, one per length, comma-separated: 1,0,1,0.")
-@click.option(
-    "--rollouts",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="JSONL file, one response per line with fields group, length, reward (instead of --lengths/--rewards).",
-)
-@click.option("--group-size", type=int, help="Consecutive groups of this size (default: one group of all).")
-@click.option("--groups", "groups_text", help="Group label of each sequence, comma-separated: 0,0,1,1.")
-@click.option(
-    "--advantage", default="grpo", show_default=True, help="Advantage estimator (grpo, drgrpo, ...)."
-)
-@click.option(
-    "--std",
-    type=click.Choice(["bessel", "population"]),
-    help="grpo's group std: bessel (divide by G-1, verl/TRL; default) or population (divide by G).",
-)
-@click.option(
-    "--max-length",
-    type=int,
-    help="Pad responses to this width (constant's L_max when it has no max_length); default: the longest.",
-)
+@batch_options
 @click.option("--rules", help="Comma-separated rule instances to show (default: all).")
 @click.option(
     "--plugin",
@@ -218,18 +272,7 @@ def _select(rules: str | None) -> dict[str, RuleInstance]:
     help="Also write a PNG figure here.",
 )
 def command(
-    lengths: str | None,
-    rewards: str | None,
-    rollouts: Path | None,
-    group_size: int | None,
-    groups_text: str | None,
-    advantage: str,
-    std: str | None,
-    max_length: int | None,
-    rules: str | None,
-    plugins: tuple[str, ...],
-    fmt: str,
-    plot_path: Path | None,
+    rules: str | None, plugins: tuple[str, ...], fmt: str, plot_path: Path | None, **batch_kw: Any
 ) -> None:
     """Show what every aggregation rule does to one batch.
 
@@ -238,37 +281,11 @@ def command(
     total weight; then the total weight per advantage sign and their ratio.
     """
     try:
-        if rollouts is not None:
-            given = [
-                n for n, v in (("--lengths", lengths), ("--rewards", rewards), ("--groups", groups_text)) if v
-            ]
-            if group_size is not None:
-                given.append("--group-size")
-            if given:
-                raise click.UsageError(
-                    f"--rollouts gives lengths, rewards and groups; drop {', '.join(given)}"
-                )
-            lens, rews, groups = read_rollouts(rollouts)
-        else:
-            if lengths is None or rewards is None:
-                missing = " and ".join(
-                    n for n, v in (("--lengths", lengths), ("--rewards", rewards)) if v is None
-                )
-                raise click.UsageError(f"missing {missing} (or give --rollouts FILE). Example: {_EXAMPLE}")
-            lens, rews = parse_lengths(lengths), parse_rewards(rewards)
-            if group_size is not None and groups_text is not None:
-                raise click.UsageError("give --group-size or --groups, not both")
-            groups: list[Any] | None = None
-            if groups_text is not None:
-                groups = parse_groups(groups_text)
-            elif group_size is not None:
-                check_counts(lens, rews)  # a count mismatch is the clearer error
-                groups = groups_from_size(len(lens), group_size)
         if plot_path is not None and not plot_path.resolve().parent.is_dir():
             raise click.BadParameter(f"folder {plot_path.parent} does not exist", param_hint="'--plot'")
         _load_plugins(plugins)
         instances = _select(rules)
-        batch = make_batch(lens, rews, groups, advantage=advantage, std=std, max_length=max_length)
+        batch = read_batch(**batch_kw)  # batch_options' values
     except BatchInputError as exc:
         raise _bad(exc) from None
 

@@ -1,0 +1,104 @@
+"""Read the loss setting out of another trainer's config file, for ``aggbench audit --config``.
+
+- TRL: a GRPOConfig as YAML or JSON (the mapping ``GRPOConfig(**mapping)`` or ``trl grpo --config``
+  takes): ``loss_type`` (TRL's default ``dapo`` when absent), ``max_completion_length``,
+  ``epsilon``, ``epsilon_high``; the micro-batch is ``per_device_train_batch_size``.
+- verl: a Hydra YAML (nested ``actor_rollout_ref.actor.*``) or an override list (a file of
+  ``key=value`` tokens, as in a launch script: ``actor_rollout_ref.actor.loss_agg_mode=token-mean``,
+  line continuations and ``+`` prefixes allowed): ``loss_agg_mode`` (verl's default ``token-mean``),
+  ``loss_scale_factor``; the micro-batch is ``ppo_micro_batch_size_per_gpu``.
+
+Which trainer a file is for is read from its keys; a file that names neither is refused, with the
+keys each needs.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from aggbench.aggregation.explain import BatchInputError
+
+_VERL_ACTOR = "actor_rollout_ref.actor."
+_TRL_KEYS = {"loss_type", "num_generations", "max_completion_length", "epsilon_high", "beta"}
+
+
+@dataclass(frozen=True)
+class LossSetting:
+    """One library mode with the settings and micro-batch size a config gives it."""
+
+    library: str
+    mode: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    micro_batch_size: int | None = None
+    source: str = ""
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+        out[prefix[:-1]] = tree
+    return out
+
+
+def _overrides(text: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for token in shlex.split(text.replace("\\\n", " "), comments=True):
+        key, eq, value = token.partition("=")
+        if not eq or not key.lstrip("+~").replace(".", "").replace("_", "").isalnum():
+            continue  # the command itself (python3 -m verl.trainer.main_ppo), flags
+        out[key.lstrip("+~")] = yaml.safe_load(value) if value else None
+    return out
+
+
+def read_config(path: str | Path) -> LossSetting:
+    """The loss setting of a TRL or verl config file (module docstring)."""
+    path = Path(path)
+    where = "--config"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BatchInputError(where, f"{path}: cannot read ({exc.strerror})") from None
+    data: Any
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise BatchInputError(where, f"{path}: not valid JSON ({exc})") from None
+    except yaml.YAMLError:
+        data = None  # a launch script's override list is rarely valid YAML
+    flat = _flatten(data) if isinstance(data, dict) else _overrides(text)
+    verl = {k[len(_VERL_ACTOR) :]: v for k, v in flat.items() if k.startswith(_VERL_ACTOR)}
+    if verl or any(k.startswith(("actor_rollout_ref.", "algorithm.", "data.")) for k in flat):
+        settings = {}
+        if verl.get("loss_scale_factor") is not None:
+            settings["loss_scale_factor"] = verl["loss_scale_factor"]
+        return LossSetting(
+            "verl",
+            str(verl.get("loss_agg_mode", "token-mean")),
+            settings,
+            verl.get("ppo_micro_batch_size_per_gpu"),
+            f"{path} (verl)",
+        )
+    if isinstance(data, dict) and _TRL_KEYS & set(data):
+        settings = {k: data[k] for k in ("max_completion_length", "epsilon", "epsilon_high") if k in data}
+        return LossSetting(
+            "trl",
+            str(data.get("loss_type", "dapo")),
+            settings,
+            data.get("per_device_train_batch_size"),
+            f"{path} (TRL GRPOConfig)",
+        )
+    raise BatchInputError(
+        where,
+        f"{path}: names no TRL or verl loss setting; a TRL GRPOConfig file has top-level keys such as "
+        "loss_type, num_generations, max_completion_length; a verl config has "
+        "actor_rollout_ref.actor.loss_agg_mode (nested YAML or key=value overrides)",
+    )
