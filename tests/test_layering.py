@@ -53,8 +53,9 @@ ALLOWED: dict[str, set[str]] = {
     | {"environment", "errors", "layout", "metric_names", "registry", "seeds", "tiny/", "tracking"},
     # other trainers' loss modes as weights (aggbench audit): the rules and explain's batch
     "audit/": {"aggregation/", "registry"},
-    # adapters for other trainers: the rules, nothing of aggbench's trainer
-    "integrations/": {"aggregation/", "errors"},
+    # adapters for other trainers: the rules, nothing of aggbench's trainer; the monitors read the
+    # other trainers' modes (audit/) and may log to MLflow through tracking's public API
+    "integrations/": {"aggregation/", "audit/", "errors", "tracking"},
     "report/": {"config", "data/", "files", "grid", "layout", "metric_names", "tracking"}
     | {"aggregation/"},  # explain_render: the explain batch's types, for annotations only (no torch)
     "plan/": {"data/", "grid", "layout", "rollout/", "tiny/"},

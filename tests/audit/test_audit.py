@@ -254,3 +254,25 @@ def test_rollouts_file_is_read_like_explain(tmp_path):
     w = json.loads(out.output)["audits"][0]["weights"]
     assert [x[0] for x in w] == pytest.approx([1 / (4 * n) for n in LENGTHS])
     assert torch.tensor(w[3]).unique().numel() == 1
+
+
+def test_the_documented_audit_commands_run():
+    """README's and docs/integrations.md's `aggbench audit` lines that need no file run as written."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    text = (repo / "README.md").read_text() + (repo / "docs" / "integrations.md").read_text()
+    text = re.sub(r"\\\n\s*", " ", text)  # shell line continuations
+    lines = [
+        ln.strip()
+        for ln in re.findall(r"^ *aggbench audit [^\n]*", text, re.M)
+        if "--lengths" in ln and "..." not in ln
+    ]
+    assert len(lines) >= 2
+    for line in lines:
+        args = shlex.split(line.split("#")[0])[1:]
+        out = CliRunner().invoke(main, args)
+        assert out.exit_code == 0, (line, out.output)
+        assert "equals aggbench rule:" in out.output

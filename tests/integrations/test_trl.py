@@ -102,27 +102,10 @@ def test_first_step_gradient_equals_aggbench_trainer(tiny_sft_model, tmp_path, r
 def test_sixteen_by_one_equals_two_by_eight(tiny_sft_model, tmp_path):
     """per_device_train_batch_size 16 x accumulation 1 == 2 x 8 (one generation batch of 16 either way;
     the same samples in both through group_seeded_rollout)."""
-    whole, g_whole = recording_trainer(
-        tiny_sft_model, tmp_path / "a", rollout=group_seeded_rollout, per_device_train_batch_size=16
-    )
-    split, g_split = recording_trainer(
-        tiny_sft_model,
-        tmp_path / "b",
-        rollout=group_seeded_rollout,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=8,
-    )
-    whole.train()
-    split.train()
-    (a,), (b,) = whole.batches, split.batches
-    for key in ("prompt_ids", "completion_ids", "completion_mask", "seen_advantages"):
-        assert torch.equal(a[key], b[key]), f"the two runs sampled different batches ({key})"
-    assert len(g_split.steps) == len(g_whole.steps) == 1
-    assert _scale(g_whole.steps[0]) > 1e-6
     # TRL's fused log-prob kernel works in float32 even for a float64 model, so the micro-batch shapes
     # move the gradient at float32 rounding (~2e-7 of its scale measured); a weighting computed per
     # micro-batch would move it by percents
-    assert _max_diff(g_whole.steps[0], g_split.steps[0]) < 1e-6 * max(1.0, _scale(g_whole.steps[0]))
+    _layouts_agree(tiny_sft_model, tmp_path)
 
 
 @pytest.mark.timeout(900)
@@ -252,7 +235,7 @@ def test_the_private_trl_signatures_are_the_ones_the_adapter_relies_on():
 
     from trl import GRPOTrainer
 
-    adapter._check_trl(GRPOTrainer)  # the two overridden/called signatures (raises when they change)
+    adapter.check_trl_version(GRPOTrainer)  # the two overridden/called signatures (raises when they change)
     loss_src = inspect.getsource(GRPOTrainer._compute_loss)
     # the (B, T) advantages path and dapo's normaliser (global tokens / processes x GA / SPG)
     assert "advantages.dim() == 1" in loss_src
@@ -266,4 +249,84 @@ def test_the_private_trl_signatures_are_the_ones_the_adapter_relies_on():
     with pytest.raises(
         RuntimeError, match=r"_generate_and_score_completions has parameters \['self', 'inputs', 'extra'\]"
     ):
-        adapter._check_trl(Changed)
+        adapter.check_trl_version(Changed)
+
+
+def _layouts_agree(model_dir, tmp_path, steps=1, **over):
+    """16 rows x 1 accumulation step and 2 x 8 on the same samples: each optimiser step's gradient."""
+    whole, g_whole = recording_trainer(
+        model_dir, tmp_path / "a", rollout=group_seeded_rollout, per_device_train_batch_size=16, **over
+    )
+    split, g_split = recording_trainer(
+        model_dir,
+        tmp_path / "b",
+        rollout=group_seeded_rollout,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=8,
+        **over,
+    )
+    whole.train()
+    split.train()
+    whole.grads = g_whole
+    for a, b in zip(whole.batches, split.batches, strict=True):
+        for key in ("prompt_ids", "completion_ids", "completion_mask", "seen_advantages"):
+            assert torch.equal(a[key], b[key]), f"the two runs sampled different batches ({key})"
+    assert len(g_whole.steps) == len(g_split.steps) == steps
+    for a, b in zip(g_whole.steps, g_split.steps, strict=True):
+        assert _scale(a) > 1e-6
+        assert _max_diff(a, b) < 1e-6 * max(1.0, _scale(a))
+    return whole
+
+
+@pytest.mark.timeout(900)
+def test_beta_above_zero_is_exact_under_accumulation(tiny_sft_model, tmp_path):
+    """The KL term (TRL's token mean over the generation batch under dapo) keeps 16 x 1 == 2 x 8 over
+    two steps. The first step starts at the reference model, where the KL gradient is 0; at the
+    second it is on: that step's gradient differs from a beta = 0 run's on the same samples."""
+    with_kl = _layouts_agree(tiny_sft_model, tmp_path / "kl", steps=2, beta=0.5, max_steps=2)
+    plain, g_plain = recording_trainer(
+        tiny_sft_model,
+        tmp_path / "plain",
+        rollout=group_seeded_rollout,
+        per_device_train_batch_size=16,
+        max_steps=2,
+    )
+    plain.train()
+    for a, b in zip(with_kl.batches, plain.batches, strict=True):
+        assert torch.equal(a["completion_ids"], b["completion_ids"])  # the same samples at both steps
+    g_kl = with_kl.grads.steps
+    assert _max_diff(g_kl[0], g_plain.steps[0]) < 1e-9 * _scale(g_plain.steps[0])
+    assert _max_diff(g_kl[1], g_plain.steps[1]) > 1e-4 * _scale(g_plain.steps[1])
+
+
+@pytest.mark.timeout(900)
+def test_num_iterations_two_is_exact_under_accumulation(tiny_sft_model, tmp_path):
+    """Two optimiser steps on one generation batch (num_iterations=2: the second at ratio != 1, with
+    TRL's old log-probs): each step's gradient is the same at 16 x 1 and 2 x 8, and the rule's
+    weights are the batch's both times."""
+    trainer = _layouts_agree(tiny_sft_model, tmp_path, steps=2, num_iterations=2, max_steps=2)
+    assert len(trainer.batches) == 1  # one generation batch served both steps
+
+
+@pytest.mark.timeout(900)
+def test_mask_truncated_completions_reaches_the_rule(tiny_sft_model, tmp_path):
+    """Truncated completions masked out by TRL are masked for the rule too: the rule saw TRL's loss
+    mask (truncated rows all 0), and the first step's gradient equals aggbench's update on it."""
+    trainer, grads = recording_trainer(
+        tiny_sft_model,
+        tmp_path,
+        aggregation="balanced",
+        mask_truncated_completions=True,
+        max_completion_length=6,
+    )
+    trainer.train()
+    (batch,) = trainer.batches
+    seen = batch["seen_loss_mask"]
+    truncated = seen.sum(1) == 0
+    assert bool(truncated.any()) and bool((~truncated).any()), "the test needs truncated and finished rows"
+    assert torch.equal(seen, batch["completion_mask"])
+    assert bool((batch["seen_effective"][truncated] == 0).all())
+    assert float(batch["seen_effective"][~truncated].abs().sum()) > 0, "no signal among the finished rows"
+    ours = _aggbench_gradient(tiny_sft_model, batch, make_instance("balanced"))
+    assert _scale(ours) > 1e-6
+    assert _max_diff(grads.steps[0], ours) < 1e-6 * max(1.0, _scale(ours))

@@ -59,6 +59,9 @@ CASES = [
     ("aggbench_token", TOKEN_MEAN, "token", 2),
     ("aggbench_balanced_batch", SUM, "balanced_batch", 1),
     ("aggbench_balanced_mass", SUM, "balanced_mass", 2),
+    # a batch-scope rule that passes the probe check (weights 1/N: rescaled on any set of groups),
+    # refused by parameter names before and exact at k = 2
+    ("aggbench_seq_sum", SUM, "seq_sum", 2),
     # verl's own modes with its GRPO estimator, beside them: the token and sequence rules
     ("grpo", TOKEN_MEAN, "token", 2),
     ("grpo", "seq-mean-token-mean", "sequence", 2),
@@ -257,6 +260,14 @@ REFUSALS = [
     ("balanced_batch", SUM, 2, [], "'balanced_batch'"),
     ("no_zero_groups", SUM, 2, [], "'no_zero_groups'"),
     ("balanced", SUM, 2, ["trainer.n_gpus_per_node=4"], "whole groups of 4"),
+    ("balanced", SUM, 1, [f"{A}.strategy=torchtitan"], f"{A}.strategy=torchtitan"),
+    (
+        "balanced",
+        SUM,
+        1,
+        ["algorithm.rollout_correction.bypass_mode=true"],
+        "rewrites actor_rollout_ref.actor.policy_loss.loss_mode to 'bypass_mode'",
+    ),
 ]
 
 
@@ -305,3 +316,39 @@ def test_what_is_refused_is_really_inexact(model_dir, case):
         for rows, grads in vs.verl_update_gradients(model, batch, config)
     )
     assert worst > 1e-3
+
+
+def test_a_plugin_rule_that_normalises_by_the_batch_tokens_is_refused_at_two_minibatches():
+    """Decided by running the rule, not by its parameter names: this rule has a group-scope
+    parameter (what the name check accepted) but divides by the whole batch's token count."""
+    from aggbench.aggregation import RuleInstance, register_rule
+    from aggbench.aggregation.contract import check_inputs
+
+    @register_rule("test_batch_tokens_named_group", version="1")
+    def batch_tokens(mask, advantages, group_ids, *, scope: str = "group", include_zero_groups: bool = True):
+        """c_i = 1 / (tokens of the whole batch), whatever ``scope`` says."""
+        m = check_inputs(mask, advantages, group_ids)
+        return advantages[:, None] * m / m.sum()
+
+    instance = RuleInstance("test_batch_tokens_named_group", "test_batch_tokens_named_group")
+    assert not adapter.layout_free(instance)
+    config = adapter.compose_config(vs.overrides("aggbench_balanced", SUM, mini_batches=2))
+    with pytest.raises(AdapterConfigError, match="not its whole-batch weights rescaled"):
+        adapter.check_config(config, instance)
+    adapter.check_config(config, make_instance("seq_sum"))  # a batch-scope rule that passes the probe
+
+
+def test_a_step_batch_without_the_configured_rows_is_refused(model_dir):
+    """verl's seq-mean-token-sum divides by the configured size: a batch with other rows (padding, a
+    partial rollout) would be scaled wrong, so the estimator refuses it; the native token-mean path
+    divides by the real token count and is not refused."""
+    batch = vs.make_batch(model_dir)
+    rows = len(batch)
+    extra = [f"data.train_batch_size={2 * rows // vs.N}", f"{A}.ppo_mini_batch_size={2 * rows // vs.N}"]
+    config = adapter.compose_config(vs.overrides("aggbench_balanced", SUM, extra=extra))
+    with pytest.raises(
+        AdapterConfigError, match=f"the step batch has {rows} rows, but data.train_batch_size"
+    ):
+        vs.compute_advantage(batch, config)
+    token = adapter.compose_config(vs.overrides("aggbench_token", TOKEN_MEAN, extra=extra))
+    vs.compute_advantage(vs.make_batch(model_dir), token)

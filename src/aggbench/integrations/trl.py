@@ -42,9 +42,11 @@ from aggbench.aggregation import RuleInstance, load_plugins, resolve_instance
 from aggbench.integrations import AdapterConfigError
 
 # The TRL releases this adapter is tested against (the `trl` extra pins the same range). Outside it
-# the adapter still runs, after a warning, as long as the private pieces it relies on keep their
-# shape (checked at construction and on every generation batch).
+# the adapter refuses to start unless ALLOW_UNTESTED_TRL is set in the environment; either way the
+# private pieces it relies on are checked (signatures and the dapo normaliser's behaviour at
+# start, the generation batch's keys on every batch).
 TESTED_TRL = (1, 16)
+ALLOW_UNTESTED_TRL = "AGGBENCH_ALLOW_UNTESTED_TRL"
 _REQUIRED_OUTPUT = ("advantages", "completion_mask", "num_items_in_batch")
 
 
@@ -121,14 +123,29 @@ def effective_advantages(
     return eff[rank * b : (rank + 1) * b, :t].to(dtype)
 
 
-def _check_trl(trainer_cls: type) -> None:
+def check_trl_version(trainer_cls: type) -> None:
+    """Refuse a TRL outside the tested minor version (unless ``ALLOW_UNTESTED_TRL`` is set in the
+    environment), and any TRL whose private pieces changed shape or whose ``dapo`` normaliser changed
+    meaning (``trl_probe.check_dapo_normaliser`` runs TRL's own loss on a probe batch)."""
+    import os
+
     import trl
 
+    from aggbench.integrations.trl_probe import check_dapo_normaliser
+
     version = tuple(int(p) for p in trl.__version__.split(".")[:2] if p.isdigit())
+    tested = ".".join(map(str, TESTED_TRL))
     if version != TESTED_TRL:
+        if not os.environ.get(ALLOW_UNTESTED_TRL):
+            raise RuntimeError(
+                f"aggbench TRL adapter: tested with trl {tested}.x, found {trl.__version__}; install "
+                f"'trl>={tested},<{TESTED_TRL[0]}.{TESTED_TRL[1] + 1}' (the `trl` extra), or set "
+                f"{ALLOW_UNTESTED_TRL}=1 to run anyway after the start-up checks (then rerun "
+                "tests/integrations/test_trl.py and tests/audit/test_audit_trl.py with this TRL)"
+            )
         warnings.warn(
-            f"aggbench TRL adapter: tested with trl {'.'.join(map(str, TESTED_TRL))}.x, found {trl.__version__}; "
-            "it checks the private methods it relies on, but rerun tests/integrations/test_trl.py",
+            f"aggbench TRL adapter: trl {trl.__version__} is untested ({ALLOW_UNTESTED_TRL} is set); the "
+            "private methods and the dapo normaliser were checked at start",
             stacklevel=3,
         )
     for name, params in (
@@ -140,14 +157,15 @@ def _check_trl(trainer_cls: type) -> None:
         if got != params:
             raise RuntimeError(
                 f"aggbench TRL adapter: trl {trl.__version__} GRPOTrainer.{name} has parameters {got}, expected "
-                f"{params}; this TRL release is not supported (tested: {'.'.join(map(str, TESTED_TRL))}.x)"
+                f"{params}; this TRL release is not supported (tested: {tested}.x)"
             )
+    check_dapo_normaliser(trainer_cls)
 
 
 def _make_trainer_class():
     from trl import GRPOTrainer
 
-    _check_trl(GRPOTrainer)
+    check_trl_version(GRPOTrainer)
 
     class AggregationGRPOTrainer(GRPOTrainer):
         """``GRPOTrainer`` whose loss weighting is an aggbench aggregation rule (module docstring).

@@ -20,9 +20,10 @@ Design (docs/integrations.md):
   ``B x eff`` (B: rows of the step batch). With one mini-batch per step (B = G) the step's
   gradient is the rule's plain token sum on the whole batch: exact for every rule.
 - With k > 1 mini-batches per step, each holds G = B / k rows. A rule whose weights on a set of
-  whole groups are the whole-batch weights x (B / G) (group scope, and batch-scope ``sequence``, both
-  counting zero-advantage groups) is still exact, provided each mini-batch is a fixed set of whole
-  groups; everything that breaks that is refused (``check_config``).
+  whole groups are the whole-batch weights x (B / G) (``layout_free`` runs the rule on a probe
+  batch to decide: group scope, batch-scope ``sequence``/``seq_sum``/``constant``) is still exact,
+  provided each mini-batch is a fixed set of whole groups; everything that breaks that is refused
+  (``check_config``), and so is a step batch without the configured rows (``check_rows``).
 - ``token`` at its defaults is verl's own exact ``token-mean`` (global token count per
   mini-batch): its estimator writes verl's GRPO advantages unchanged and requires that mode.
 - KL and entropy losses use the same ``loss_agg_mode`` and would inherit a rescaled sum: refused.
@@ -50,6 +51,7 @@ from aggbench.integrations import AdapterConfigError
 
 # The verl releases this adapter is tested against (the `verl` extra pins the same range).
 TESTED_VERL = (0, 9)
+TESTED_STRATEGIES = ("fsdp", "fsdp2")  # the loss path tests/integrations/test_verl.py runs
 PREFIX = "aggbench_"
 SUM_MODE = "seq-mean-token-sum"
 TOKEN_MODE = "token-mean"
@@ -67,13 +69,37 @@ def native_token(instance: RuleInstance) -> bool:
     )
 
 
+# The probe batch of ``layout_free``: 4 groups of 3 with distinct lengths, mixed signs and one
+# all-correct group (zero advantages), split into two mini-batches of whole groups two ways.
+_PROBE_LENGTHS = [3, 17, 1, 12, 5, 9, 2, 26, 7, 4, 11, 6]
+_PROBE_REWARDS = [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+_PROBE_SPLITS = ([0, 1, 2, 3, 4, 5], [0, 1, 2, 6, 7, 8])
+
+
 def layout_free(instance: RuleInstance) -> bool:
-    """True when the rule's weights on any set of whole groups are its whole-batch weights times
-    (batch sequences / subset sequences), so k mini-batches of whole groups need no layout."""
-    params = instance.params
-    if not params.get("include_zero_groups", False):
-        return False
-    return params.get("scope") == "group" or (instance.rule == "sequence" and params.get("scope") == "batch")
+    """True when the rule's weights on a mini-batch of whole groups are its whole-batch weights on those
+    rows times (batch rows / mini-batch rows), which is what k > 1 mini-batches need.
+
+    Decided by running the rule (a check that can fail, whatever the rule's parameter names): on a
+    probe batch of 4 groups of 3 (``_PROBE_*``) the weights of each half, for two different splits
+    into two halves of whole groups, must equal the whole batch's rows x 2 (rtol 1e-9).
+    """
+    from aggbench.aggregation import mask_from_lengths
+    from aggbench.aggregation.advantages import get_advantage
+
+    n = len(_PROBE_LENGTHS)
+    mask = mask_from_lengths(_PROBE_LENGTHS)
+    gids = torch.arange(n) // 3
+    adv = get_advantage("grpo")(torch.tensor(_PROBE_REWARDS, dtype=torch.float64), gids)
+    with torch.no_grad():
+        full = instance(mask, adv, gids).to(torch.float64)
+        for first in _PROBE_SPLITS:
+            for rows in (first, [i for i in range(n) if i not in first]):
+                idx = torch.tensor(rows)
+                part = instance(mask[idx], adv[idx], gids[idx]).to(torch.float64)
+                if not torch.allclose(part, full[idx] * (n / len(rows)), rtol=1e-9, atol=1e-15):
+                    return False
+    return True
 
 
 def group_ids_of(index: Any) -> Tensor:
@@ -126,10 +152,21 @@ def check_config(config: Any, instance: RuleInstance) -> None:
 def _check_loss(config: Any, instance: RuleInstance) -> None:
     """The loss path: FSDP, the clipped PPO loss, the loss_agg_mode the rule needs, no entropy or KL loss."""
     strategy = _get(config, f"{ACTOR}.strategy", "fsdp")
-    if strategy == "megatron":
+    if strategy not in TESTED_STRATEGIES:
+        why = (
+            "Megatron scales each micro-batch's loss by its micro-batch count"
+            if strategy == "megatron"
+            else "its loss scaling is not the FSDP path's"
+        )
         raise AdapterConfigError(
-            f"{ACTOR}.strategy=megatron: Megatron scales each micro-batch's loss by its micro-batch count and the "
-            "adapter is tested on the FSDP loss path only; use the FSDP backend (actor_rollout_ref.actor.strategy=fsdp2)"
+            f"{ACTOR}.strategy={strategy}: {why}, and the adapter is tested on the FSDP loss path only; use the "
+            f"FSDP backend ({ACTOR}.strategy=fsdp2)"
+        )
+    if _get(config, "algorithm.rollout_correction.bypass_mode", False):
+        raise AdapterConfigError(
+            "algorithm.rollout_correction.bypass_mode=true: verl then rewrites "
+            f"{ACTOR}.policy_loss.loss_mode to 'bypass_mode' at run time (rollout_corr_helper.apply_bypass_mode), "
+            "not the clipped PPO loss the rule is exact under; set algorithm.rollout_correction.bypass_mode=false"
         )
     loss_mode = _get(config, f"{ACTOR}.policy_loss.loss_mode", "vanilla")
     if loss_mode != "vanilla":
@@ -189,8 +226,9 @@ def _check_minibatches(config: Any, instance: RuleInstance, *, n: int, batch: in
     if not layout_free(instance):
         raise AdapterConfigError(
             f"aggbench rule {instance.name!r} ({dict(instance.params)}) with {k} mini-batches per step: its weights "
-            "depend on which groups share a mini-batch (batch scope, or include_zero_groups=false), which the "
-            f"estimator does not see; use a group-scope instance with include_zero_groups=true, {one_step}"
+            "on a mini-batch are not its whole-batch weights rescaled (checked by running it on a probe batch; "
+            "e.g. a batch token count, or include_zero_groups=false), and the estimator does not see the "
+            f"mini-batches; use a group-scope instance with include_zero_groups=true, {one_step}"
         )
     sp = int(_get(config, f"{ACTOR}.fsdp_config.ulysses_sequence_parallel_size", 1) or 1)
     dp = max(
@@ -201,6 +239,22 @@ def _check_minibatches(config: Any, instance: RuleInstance, *, n: int, batch: in
             f"{ACTOR}.ppo_mini_batch_size x rollout.n = {mini} rows over {dp} data-parallel ranks: each rank's "
             f"slice must hold whole groups of {n}; choose ppo_mini_batch_size so that it is a multiple of {dp}, "
             f"{one_step}"
+        )
+
+
+def check_rows(config: Any, rows: int) -> None:
+    """Refuse a step batch whose row count is not ``data.train_batch_size x rollout.n``: verl's
+    seq-mean-token-sum divides by the configured mini-batch size, so the ``B x`` scaling is exact only
+    when the batch holds exactly the configured rows (the v1 trainer pads with empty rows to balance
+    ranks; async and partial-rollout modes update on fewer prompts)."""
+    n = int(_get(config, "actor_rollout_ref.rollout.n", 1))
+    expected = int(_get(config, "data.train_batch_size")) * n
+    if rows != expected:
+        raise AdapterConfigError(
+            f"aggbench verl estimator: the step batch has {rows} rows, but data.train_batch_size x rollout.n = "
+            f"{expected}; verl's {SUM_MODE} divides by the configured size, so the rule would be scaled wrong "
+            "(padding rows or a partial batch); run without padding or partial rollouts (trainer.use_v1=false, "
+            "synchronous rollouts) so each step holds exactly the configured rows"
         )
 
 
@@ -239,7 +293,10 @@ def make_estimator(instance: RuleInstance):
                 "aggbench verl estimator: the batch has no 'uid' (prompt groups); use verl's GRPO data flow "
                 "(rollout.n > 1 responses per prompt, uids set by the trainer)"
             )
-        check_config(_root(config), instance)
+        root = _root(config)
+        check_config(root, instance)
+        if not native_token(instance):  # token-mean divides by the real token count: any row count
+            check_rows(root, token_level_rewards.shape[0])
         from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
         grpo, _ = compute_grpo_outcome_advantage(
