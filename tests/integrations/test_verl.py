@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ else:
         "verl", reason="verl's config stack is overlaid only in its own leg: `make test-verl` (Makefile)"
     )
 
-from aggbench.aggregation import make_instance  # noqa: E402
+from aggbench.aggregation import builtin_instances, make_instance  # noqa: E402
 from aggbench.integrations import AdapterConfigError  # noqa: E402
 from aggbench.integrations import verl as adapter  # noqa: E402
 from helpers import verl_support as vs  # noqa: E402
@@ -352,3 +353,62 @@ def test_a_step_batch_without_the_configured_rows_is_refused(model_dir):
         vs.compute_advantage(batch, config)
     token = adapter.compose_config(vs.overrides("aggbench_token", TOKEN_MEAN, extra=extra))
     vs.compute_advantage(vs.make_batch(model_dir), token)
+
+
+def test_the_documented_command_passes_the_checker():
+    """docs/integrations.md's AGG overrides, as written, pass the check `python -m aggbench.integrations.verl`
+    runs (verl's defaults otherwise: use_v1=true, balance_batch); without the mini-batch line they are
+    refused (verl's default 1024 / 256 = 4 mini-batches under the v1 trainer)."""
+    import re
+    import shlex
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
+    (block,) = re.findall(r'^AGG="(.*?)"$', text, re.M | re.S)
+    overrides = shlex.split(block.replace("\\\n", " "))
+    config = adapter.compose_config(overrides)
+    assert bool(config.trainer.use_v1)  # the default path
+    name = str(config.algorithm.adv_estimator)
+    adapter.check_config(config, builtin_instances()[name.removeprefix(adapter.PREFIX)])
+    without = [o for o in overrides if "train_batch_size" not in o and "ppo_mini_batch_size" not in o]
+    with pytest.raises(AdapterConfigError, match="trainer.use_v1=true with 4 mini-batches"):
+        adapter.check_config(adapter.compose_config(without), builtin_instances()["balanced"])
+
+
+def test_the_monitor_estimator_leaves_grpo_and_logs_aggbenchs_diagnostics(model_dir):
+    """algorithm.adv_estimator=aggbench_monitor_grpo through verl's driver call: the advantages are
+    verl's grpo's, bit for bit, and the next Tracking.log carries aggbench/* values equal to
+    aggbench's own diagnostics on the batch (under the run's loss_agg_mode, here seq-mean-token-mean:
+    the sequence rule, so run/weight_ratio == agg/sequence/weight_ratio)."""
+    from verl.utils.tracking import Tracking
+
+    from aggbench.aggregation.diagnostics import diagnostics
+    from aggbench.integrations import verl_monitor
+
+    mode = "seq-mean-token-mean"
+    plain = vs.compute_advantage(vs.make_batch(model_dir), adapter.compose_config(vs.overrides("grpo", mode)))
+    mon = vs.compute_advantage(
+        vs.make_batch(model_dir), adapter.compose_config(vs.overrides(verl_monitor.NAME, mode))
+    )
+    assert torch.equal(plain.batch["advantages"], mon.batch["advantages"])
+    seen = []
+
+    class Capture:
+        def log(self, data, step):
+            seen.append((dict(data), step))
+
+    tracker = Tracking.__new__(Tracking)  # no backend set-up: one capturing logger
+    tracker.logger = {"capture": Capture()}
+    tracker.log({"actor/pg_loss": 0.5}, step=3)
+    tracker.log({"actor/pg_loss": 0.4}, step=4)
+    (first, _), (second, _) = seen
+    assert first["actor/pg_loss"] == 0.5 and not any(k.startswith("aggbench/") for k in second)
+    mask = mon.batch["response_mask"].bool()
+    adv = (mon.batch["advantages"] * mask).sum(1) / mask.sum(1)
+    gids = adapter.group_ids_of(mon.non_tensor_batch["uid"])
+    diag = diagnostics(mask, adv.double(), gids)
+    for key in ("len/cv", "len/gap", "len/cv_within", "agg/balanced/weight_ratio", "agg/token/weight_ratio"):
+        assert first[f"aggbench/{key}"] == pytest.approx(diag[key], rel=1e-9, nan_ok=True), key
+    assert first["aggbench/run/weight_ratio"] == pytest.approx(diag["agg/sequence/weight_ratio"], rel=1e-9)
+    assert first["aggbench/agg/balanced/weight_ratio"] != pytest.approx(
+        first["aggbench/agg/token/weight_ratio"]
+    )

@@ -349,7 +349,10 @@ def register_all() -> list[str]:
         load_plugins(plugins)
     except Exception as exc:  # kept: verl would swallow it (module docstring)
         _LOAD_ERROR[:] = [exc]
-    return [register(inst) for inst in builtin_instances().values()]
+    from aggbench.integrations import verl_monitor
+
+    # the monitor for unmodified GRPO runs (algorithm.adv_estimator=aggbench_monitor_grpo)
+    return [register(inst) for inst in builtin_instances().values()] + [verl_monitor.register()]
 
 
 def _verl_available() -> bool:
@@ -398,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
             f"algorithm.adv_estimator={name} is not an aggbench estimator; known: {', '.join(sorted(_REGISTERED))}"
         )
         return 1
+    from aggbench.integrations import verl_monitor
+
+    if name == verl_monitor.NAME:
+        print(f"{name}: verl's own grpo advantages, unchanged; logs the aggbench/* monitor metrics each step")
+        return 0
     try:
         check_config(config, _REGISTERED[name].aggbench_instance)
     except (AdapterConfigError, KeyError) as exc:
