@@ -115,3 +115,24 @@ def test_docs_install_aggbench_from_a_clone(path):
 
 def test_readme_names_the_trl_install_from_a_clone():
     assert re.search(r'pip install\s+-e "\.\[trl\]"', README.read_text())
+
+
+def test_readme_and_docs_trl_snippets_import_every_name_they_use():
+    """README's and docs/integrations.md's TRL/monitor snippets are copy-paste code: each name they call
+    at module level (GRPOConfig, the trainer classes) is imported in the snippet (the `...` and
+    user-supplied names such as model, reward, data stand for the user's own)."""
+    import ast
+
+    users = {"model", "reward", "data", "my_reward", "my_dataset"}
+    texts = README.read_text() + (REPO / "docs" / "integrations.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", texts, re.S) if "integrations.trl" in b]
+    assert len(blocks) >= 3
+    for block in blocks:
+        tree = ast.parse(block)
+        imported = {
+            a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names
+        }
+        called = {
+            n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+        }
+        assert called - imported - users == set(), block
