@@ -412,3 +412,26 @@ def test_the_monitor_estimator_leaves_grpo_and_logs_aggbenchs_diagnostics(model_
     assert first["aggbench/agg/balanced/weight_ratio"] != pytest.approx(
         first["aggbench/agg/token/weight_ratio"]
     )
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_token_sum_is_an_exact_route_beside_seq_mean_token_sum(model_dir, k):
+    """verl 0.9's token-sum (a plain masked token sum, x dp_size) with the rule's effective advantages
+    x k (the mini-batch count, B / G) gives the same update as the adapter's seq-mean-token-sum route
+    (advantages x B, divided by the configured G): both exact, on verl's own loss path."""
+    config = adapter.compose_config(vs.overrides("aggbench_balanced", SUM, mini_batches=k))
+    model = vs.load_model(model_dir)
+    batch = vs.make_batch(model_dir)
+    vs.add_old_logprobs(model, batch)
+    batch = vs.compute_advantage(batch, config)
+    via_sum = vs.verl_update_gradients(model, batch, config)
+    rows_per_mini = len(batch) // k
+    batch.batch["advantages"] = batch.batch["advantages"] / rows_per_mini  # the rule's weights x k
+    token_sum = adapter.compose_config(vs.overrides("aggbench_balanced", "token-sum", mini_batches=k))
+    via_token_sum = vs.verl_update_gradients(model, batch, token_sum)
+    assert len(via_sum) == len(via_token_sum) == k
+    instance = make_instance("balanced")
+    for (rows, a), (rows_b, b) in zip(via_sum, via_token_sum, strict=True):
+        assert rows == rows_b
+        assert vs.relative_difference(a, b) < 1e-9
+        assert vs.relative_difference(b, vs.aggbench_gradient(model, batch, rows, instance)) < 1e-6
