@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aggbench.aggregation.contract import RuleInstance, builtin_instances
+from aggbench.aggregation.contract import RuleInstance, builtin_instances, resolve_instance
 from aggbench.aggregation.explain import Batch, BatchInputError, make_batch
 from aggbench.audit.modes import Mode
 
@@ -184,7 +184,8 @@ def equivalents(
     for key in ("max_completion_length", "loss_scale_factor", "max_seq_len"):
         if key in mode.defaults and settings.get(key) is not None:
             name = f"constant(max_length={settings[key]})"
-            instances[name] = RuleInstance(name, "constant", {"max_length": int(settings[key])})
+            entry = {"name": name, "rule": "constant", "params": {"max_length": int(settings[key])}}
+            instances[name] = resolve_instance(entry)  # the one place instances are built
     micro = micro_slices(len(batch.lengths), micro_batch_size)
     # the probe has as many micro-batches as the batch: 4 rows each (12 rows in one micro-batch)
     probe = probe_batch(batch, 12 if len(micro) == 1 else 4 * len(micro))
