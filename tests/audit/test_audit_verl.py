@@ -25,7 +25,7 @@ if os.environ.get("AGGBENCH_REQUIRE_VERL"):  # the verl leg: never skip there
 else:
     core_algos = pytest.importorskip(
         "verl.trainer.ppo.core_algos",
-        reason="verl's config stack (omegaconf) is overlaid only in its own leg: `make test-verl`",
+        reason="verl's config stack (omegaconf) is installed only in its own environment: `make test-verl`",
     )
 
 LENGTHS = [3, 17, 1, 12, 5, 9, 2, 11]

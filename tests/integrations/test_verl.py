@@ -23,7 +23,7 @@ if os.environ.get("AGGBENCH_REQUIRE_VERL"):  # the verl leg: a broken install fa
     import verl  # noqa: F401
 else:
     pytest.importorskip(
-        "verl", reason="verl's config stack is overlaid only in its own leg: `make test-verl` (Makefile)"
+        "verl", reason="verl's config stack is installed only in its own environment: `make test-verl`"
     )
 
 from aggbench.aggregation import builtin_instances, make_instance  # noqa: E402
@@ -115,7 +115,7 @@ def test_one_minibatch_is_exact_in_any_row_order(model_dir):
         )
 
 
-def test_estimator_writes_batch_size_times_the_rule(model_dir):
+def test_estimator_writes_the_rule_times_the_minibatch_count(model_dir):
     config = adapter.compose_config(vs.overrides("aggbench_balanced", SUM))
     batch = vs.compute_advantage(vs.make_batch(model_dir), config)
     t = batch.batch
@@ -127,7 +127,7 @@ def test_estimator_writes_batch_size_times_the_rule(model_dir):
         t["token_level_rewards"], t["response_mask"], batch.non_tensor_batch["uid"]
     )
     eff = make_instance("balanced")(mask, (grpo * mask).sum(1) / mask.sum(1), gids)
-    torch.testing.assert_close(t["advantages"], eff * len(batch), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(t["advantages"], eff, rtol=1e-12, atol=1e-12)  # k = 1 mini-batch
     torch.testing.assert_close(t["returns"], t["advantages"])
     assert float(t["advantages"][4:8].abs().max()) == 0.0  # the all-wrong group has no signal
 
@@ -301,13 +301,17 @@ def test_what_is_refused_is_really_inexact(model_dir, case):
     """The control for the refusals: verl runs them, but the update is not the rule on its mini-batches."""
     name, permute = ("balanced_batch", False) if case == "batch-scope rule" else ("balanced", True)
     # the estimator refuses this config on first use, so its advantages come from the one-mini-batch
-    # config (the same B x rule output) and verl's update then runs two mini-batches on them
+    # config (the rule on the whole batch), x 2 as the estimator scales for two mini-batches, and
+    # verl's update then runs two mini-batches on them
     one = adapter.compose_config(vs.overrides(f"aggbench_{name}", SUM, mini_batches=1))
     config = adapter.compose_config(vs.overrides(f"aggbench_{name}", SUM, mini_batches=2))
     model = vs.load_model(model_dir)
     batch = vs.make_batch(model_dir)
     vs.add_old_logprobs(model, batch)
     batch = vs.compute_advantage(batch, one)
+    batch.batch["advantages"] = (
+        2 * batch.batch["advantages"]
+    )  # k = 2: only the layout is wrong, not the scale
     if permute:  # what balance_batch / shuffle do: groups split between the two mini-batches
         batch = batch.select_idxs(
             torch.randperm(len(batch), generator=torch.Generator().manual_seed(5)).tolist()
@@ -339,20 +343,39 @@ def test_a_plugin_rule_that_normalises_by_the_batch_tokens_is_refused_at_two_min
     adapter.check_config(config, make_instance("seq_sum"))  # a batch-scope rule that passes the probe
 
 
-def test_a_step_batch_without_the_configured_rows_is_refused(model_dir):
-    """verl's seq-mean-token-sum divides by the configured size: a batch with other rows (padding, a
-    partial rollout) would be scaled wrong, so the estimator refuses it; the native token-mean path
+def test_a_step_batch_that_is_not_whole_minibatches_is_refused(model_dir):
+    """The estimator scales the rule by the mini-batch count k = rows / (ppo_mini_batch_size x n): a
+    batch that is not whole mini-batches is refused, naming the setting; the native token-mean path
     divides by the real token count and is not refused."""
     batch = vs.make_batch(model_dir)
     rows = len(batch)
     extra = [f"data.train_batch_size={2 * rows // vs.N}", f"{A}.ppo_mini_batch_size={2 * rows // vs.N}"]
     config = adapter.compose_config(vs.overrides("aggbench_balanced", SUM, extra=extra))
     with pytest.raises(
-        AdapterConfigError, match=f"the step batch has {rows} rows, but data.train_batch_size"
+        AdapterConfigError, match=f"the step batch has {rows} rows, not a multiple of {A}.ppo_mini_batch_size"
     ):
         vs.compute_advantage(batch, config)
     token = adapter.compose_config(vs.overrides("aggbench_token", TOKEN_MEAN, extra=extra))
     vs.compute_advantage(vs.make_batch(model_dir), token)
+
+
+def test_a_step_batch_of_other_whole_minibatches_is_exact(model_dir):
+    """Fewer rows than configured but whole mini-batches (a short step): k follows the batch the
+    estimator sees, and each mini-batch's update is still the rule on it (refused before the switch
+    to token-sum, whose route needed exactly the configured rows)."""
+    rows = vs.PROMPTS * vs.N
+    extra = [f"data.train_batch_size={2 * vs.PROMPTS}"]  # configured: 2 x the rows the step has
+    config = adapter.compose_config(vs.overrides("aggbench_balanced", SUM, mini_batches=2, extra=extra))
+    assert int(config.data.train_batch_size) * vs.N == 2 * rows
+    model = vs.load_model(model_dir)
+    batch = vs.make_batch(model_dir)
+    vs.add_old_logprobs(model, batch)
+    batch = vs.compute_advantage(batch, config)
+    steps = vs.verl_update_gradients(model, batch, config)
+    assert len(steps) == 2
+    for step_rows, grads in steps:
+        want = vs.aggbench_gradient(model, batch, step_rows, make_instance("balanced"))
+        assert vs.relative_difference(grads, want) < 1e-6
 
 
 def test_the_documented_command_passes_the_checker():
@@ -415,23 +438,24 @@ def test_the_monitor_estimator_leaves_grpo_and_logs_aggbenchs_diagnostics(model_
 
 
 @pytest.mark.parametrize("k", [1, 2])
-def test_token_sum_is_an_exact_route_beside_seq_mean_token_sum(model_dir, k):
-    """verl 0.9's token-sum (a plain masked token sum, x dp_size) with the rule's effective advantages
-    x k (the mini-batch count, B / G) gives the same update as the adapter's seq-mean-token-sum route
-    (advantages x B, divided by the configured G): both exact, on verl's own loss path."""
+def test_seq_mean_token_sum_is_the_same_update_with_the_advantages_times_its_divisor(model_dir, k):
+    """The adapter's route before (kept as a check of the choice): verl's seq-mean-token-sum divides each
+    mini-batch's token sum by the configured G rows, so advantages of B x the rule (the token-sum
+    route's k x the rule, times G) give the same update as token-sum's: both exact on verl's own loss
+    path; token-sum is kept because its scale is the one factor the estimator sets (docs/integrations.md)."""
     config = adapter.compose_config(vs.overrides("aggbench_balanced", SUM, mini_batches=k))
     model = vs.load_model(model_dir)
     batch = vs.make_batch(model_dir)
     vs.add_old_logprobs(model, batch)
     batch = vs.compute_advantage(batch, config)
-    via_sum = vs.verl_update_gradients(model, batch, config)
-    rows_per_mini = len(batch) // k
-    batch.batch["advantages"] = batch.batch["advantages"] / rows_per_mini  # the rule's weights x k
-    token_sum = adapter.compose_config(vs.overrides("aggbench_balanced", "token-sum", mini_batches=k))
-    via_token_sum = vs.verl_update_gradients(model, batch, token_sum)
-    assert len(via_sum) == len(via_token_sum) == k
+    via_token_sum = vs.verl_update_gradients(model, batch, config)
     instance = make_instance("balanced")
-    for (rows, a), (rows_b, b) in zip(via_sum, via_token_sum, strict=True):
+    for rows, grads in via_token_sum:  # the rule on each mini-batch (computed before the rescale below)
+        assert vs.relative_difference(grads, vs.aggbench_gradient(model, batch, rows, instance)) < 1e-6
+    batch.batch["advantages"] = batch.batch["advantages"] * (len(batch) // k)  # B x the rule's weights
+    seq_mean = adapter.compose_config(vs.overrides("aggbench_balanced", "seq-mean-token-sum", mini_batches=k))
+    via_seq_mean = vs.verl_update_gradients(model, batch, seq_mean)
+    assert len(via_seq_mean) == len(via_token_sum) == k
+    for (rows, a), (rows_b, b) in zip(via_token_sum, via_seq_mean, strict=True):
         assert rows == rows_b
         assert vs.relative_difference(a, b) < 1e-9
-        assert vs.relative_difference(b, vs.aggbench_gradient(model, batch, rows, instance)) < 1e-6

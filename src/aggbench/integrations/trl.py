@@ -109,8 +109,29 @@ def effective_advantages(
     i // num_generations. Returns [B, T] in ``dtype`` (0 outside the mask).
     """
     b, t = mask.shape
+    full_mask, full_adv, group_ids = gather_generation_batch(
+        mask, advantages, num_generations=num_generations, gather=gather, pad=pad
+    )
+    eff = rule(full_mask, full_adv, group_ids)
+    return eff[rank * b : (rank + 1) * b, :t].to(dtype)
+
+
+def gather_generation_batch(
+    mask: Tensor,
+    advantages: Tensor,
+    *,
+    num_generations: int,
+    gather: Callable[[Tensor], Tensor] = lambda t: t,
+    pad: Callable[[Tensor], Tensor] = lambda t: t,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The whole generation batch from every process's rows (the adapter's and the monitor's view).
+
+    mask: [B, T] this process's loss mask; advantages: [B]; ``pad``/``gather`` as in
+    ``effective_advantages``. Returns (mask [N, T'] float64, advantages [N] float64, group ids [N]
+    = global row // num_generations, TRL's grouping), N rows over all processes in process order.
+    """
     full_mask = gather(pad(mask.to(torch.float64).contiguous()))
-    full_adv = gather(advantages.to(torch.float64).contiguous())
+    full_adv = gather(advantages.detach().to(torch.float64).contiguous())
     if full_mask.shape[0] != full_adv.shape[0] or full_mask.shape[0] % num_generations:
         raise RuntimeError(
             f"aggbench TRL adapter: gathered {full_mask.shape[0]} masks and {full_adv.shape[0]} advantages for "
@@ -119,8 +140,7 @@ def effective_advantages(
     group_ids = torch.div(
         torch.arange(full_adv.shape[0], device=full_adv.device), num_generations, rounding_mode="floor"
     )
-    eff = rule(full_mask, full_adv, group_ids)
-    return eff[rank * b : (rank + 1) * b, :t].to(dtype)
+    return full_mask, full_adv, group_ids
 
 
 def check_trl_version(trainer_cls: type) -> None:

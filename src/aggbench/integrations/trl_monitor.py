@@ -31,10 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from aggbench.integrations.monitor import PREFIX, monitor_metrics
-from aggbench.integrations.trl import check_trl_version
+from aggbench.integrations.trl import check_trl_version, gather_generation_batch
 
 _SETTINGS = ("max_completion_length", "epsilon", "epsilon_high")
 
@@ -66,12 +64,13 @@ def _make_trainer_class():
             if out.get("tool_mask") is not None:
                 mask = mask * out["tool_mask"]
             acc = self.accelerator
-            full_mask = acc.gather(acc.pad_across_processes(mask.contiguous(), dim=1, pad_index=0))
-            full_adv = acc.gather(out["advantages"].detach().to(torch.float64).contiguous())
             training = self.model.training
-            n = self.num_generations if training else self.num_generations_eval
-            groups = torch.div(
-                torch.arange(full_adv.shape[0], device=full_adv.device), n, rounding_mode="floor"
+            full_mask, full_adv, groups = gather_generation_batch(
+                mask,
+                out["advantages"],
+                num_generations=self.num_generations if training else self.num_generations_eval,
+                gather=acc.gather,
+                pad=lambda t: acc.pad_across_processes(t, dim=1, pad_index=0),
             )
             settings = {k: getattr(self.args, k, None) for k in _SETTINGS}
             settings["epsilon_high"] = getattr(self, "epsilon_high", settings["epsilon_high"])
@@ -102,8 +101,8 @@ def _make_callback_class():
         """Sends the monitor's ``aggbench/*`` values of each TRL log to MLflow through aggbench.tracking.
 
         TRL's own loggers already get them (``report_to``); this adds an MLflow run found by its
-        ``aggbench.cell_id`` tag (``run_name``) in ``tracking_uri`` (default: ``./mlruns``'s SQLite
-        store, ``sqlite:///mlflow.db``), on the main process only, at TRL's global step.
+        ``aggbench.cell_id`` tag (``run_name``) in ``tracking_uri`` (default: ``sqlite:///mlflow.db``,
+        a SQLite store in the current directory), on the main process only, at TRL's global step.
         """
 
         def __init__(

@@ -3,7 +3,7 @@
     pip install "aggbench[verl]"          # registers the estimators through verl's plugin entry point
     python -m verl.trainer.main_ppo ... \\
         algorithm.adv_estimator=aggbench_balanced \\
-        actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum
+        actor_rollout_ref.actor.loss_agg_mode=token-sum
     python -m aggbench.integrations.verl <the same overrides>   # the refusals below, before launching
 
 Design (docs/integrations.md):
@@ -13,17 +13,21 @@ Design (docs/integrations.md):
   estimator (``register_adv_est``) receives the uid index, so it can compute verl's own GRPO
   advantages, run the rule on the whole step batch with groups = uids, and write per-token
   effective advantages.
-- verl's ``loss_agg_mode=seq-mean-token-sum`` divides each micro-batch's token sum by the constant
-  global mini-batch size G (``ppo_mini_batch_size x rollout.n``), and FSDP averages gradients over
-  data-parallel ranks after each rank multiplies by dp_size: the optimiser step sees (1/G) x the token
-  sum over the global mini-batch, for any micro-batching or dp split. The estimator writes
-  ``B x eff`` (B: rows of the step batch). With one mini-batch per step (B = G) the step's
-  gradient is the rule's plain token sum on the whole batch: exact for every rule.
+- verl's ``loss_agg_mode=token-sum`` (verl >= 0.9.0) is a plain masked token sum that each rank
+  multiplies by dp_size before FSDP averages the ranks' gradients: the optimiser step sees the token
+  sum over the global mini-batch, for any micro-batching or dp split, with no normaliser at all.
+  The estimator writes ``k x eff`` (k = B / G mini-batches per step; B: rows of the step batch, G:
+  ``ppo_mini_batch_size x rollout.n``). With one mini-batch per step (k = 1) the step's gradient is
+  the rule's plain token sum on the whole batch: exact for every rule.
 - With k > 1 mini-batches per step, each holds G = B / k rows. A rule whose weights on a set of
   whole groups are the whole-batch weights x (B / G) (``layout_free`` runs the rule on a probe
   batch to decide: group scope, batch-scope ``sequence``/``seq_sum``/``constant``) is still exact,
   provided each mini-batch is a fixed set of whole groups; everything that breaks that is refused
-  (``check_config``), and so is a step batch without the configured rows (``check_rows``).
+  (``check_config``), and so is a step batch that is not whole mini-batches (``minibatch_count``).
+- Why ``token-sum`` and not ``seq-mean-token-sum`` with ``B x eff`` (the adapter's route before; both
+  exact on whole mini-batches, tests/integrations/test_verl.py): token-sum applies no normaliser, so
+  the update's scale is one factor the estimator sets (k), not two that must cancel (the estimator's
+  B and verl's 1/G), and the mode's name says what the loss is: a token sum, not a sequence mean.
 - ``token`` at its defaults is verl's own exact ``token-mean`` (global token count per
   mini-batch): its estimator writes verl's GRPO advantages unchanged and requires that mode.
 - KL and entropy losses use the same ``loss_agg_mode`` and would inherit a rescaled sum: refused.
@@ -53,7 +57,7 @@ from aggbench.integrations import AdapterConfigError
 TESTED_VERL = (0, 9)
 TESTED_STRATEGIES = ("fsdp", "fsdp2")  # the loss path tests/integrations/test_verl.py runs
 PREFIX = "aggbench_"
-SUM_MODE = "seq-mean-token-sum"
+SUM_MODE = "token-sum"
 TOKEN_MODE = "token-mean"
 ACTOR = "actor_rollout_ref.actor"  # the config section of the policy being trained
 _REGISTERED: dict[str, Any] = {}
@@ -108,8 +112,11 @@ def group_ids_of(index: Any) -> Tensor:
     return torch.as_tensor(inverse.reshape(-1), dtype=torch.long)
 
 
-def effective_advantages(instance: RuleInstance, advantages: Tensor, mask: Tensor, index: Any) -> Tensor:
-    """The estimator's output: ``B x`` the rule's effective advantages on the whole step batch.
+def effective_advantages(
+    instance: RuleInstance, advantages: Tensor, mask: Tensor, index: Any, *, minibatches: int = 1
+) -> Tensor:
+    """The estimator's output: ``minibatches x`` the rule's effective advantages on the whole step batch
+    (what verl's token-sum turns into the rule's update on each of ``minibatches`` mini-batches).
 
     advantages: [B, T] verl's GRPO advantages (constant over each response's tokens); mask: [B, T]
     response mask; index: [B] uids. Returns [B, T] in the advantages' dtype (0 outside the mask),
@@ -118,7 +125,7 @@ def effective_advantages(instance: RuleInstance, advantages: Tensor, mask: Tenso
     m = mask.to(torch.float64)
     per_seq = (advantages.to(torch.float64) * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)
     eff = instance(m, per_seq, group_ids_of(index).to(mask.device))
-    return (eff * m.shape[0]).to(advantages.dtype)
+    return (eff * minibatches).to(advantages.dtype)
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -180,7 +187,7 @@ def _check_loss(config: Any, instance: RuleInstance) -> None:
         why = (
             "verl's token-mean is the token rule, exactly"
             if want == TOKEN_MODE
-            else "the estimator's advantages are scaled for it (a token sum over the global mini-batch / its constant size)"
+            else "the estimator's advantages are the rule's weights x the mini-batch count, for a plain token sum"
         )
         raise AdapterConfigError(
             f"{ACTOR}.loss_agg_mode={mode} with aggbench rule {instance.name!r}: {why}; "
@@ -242,20 +249,21 @@ def _check_minibatches(config: Any, instance: RuleInstance, *, n: int, batch: in
         )
 
 
-def check_rows(config: Any, rows: int) -> None:
-    """Refuse a step batch whose row count is not ``data.train_batch_size x rollout.n``: verl's
-    seq-mean-token-sum divides by the configured mini-batch size, so the ``B x`` scaling is exact only
-    when the batch holds exactly the configured rows (the v1 trainer pads with empty rows to balance
-    ranks; async and partial-rollout modes update on fewer prompts)."""
+def minibatch_count(config: Any, rows: int) -> int:
+    """k, the mini-batches verl's actor update cuts a step batch of ``rows`` rows into (mini-batches of
+    ``ppo_mini_batch_size x rollout.n`` rows); refuses a batch that is not whole mini-batches, whose
+    last rows verl's iterator would leave out or update alone. The v1 trainer pads a short step up to
+    whole mini-batches with empty rows (no tokens, no reward: no weight), so it passes here."""
     n = int(_get(config, "actor_rollout_ref.rollout.n", 1))
-    expected = int(_get(config, "data.train_batch_size")) * n
-    if rows != expected:
+    mini = int(_get(config, f"{ACTOR}.ppo_mini_batch_size")) * n
+    if rows % mini:
         raise AdapterConfigError(
-            f"aggbench verl estimator: the step batch has {rows} rows, but data.train_batch_size x rollout.n = "
-            f"{expected}; verl's {SUM_MODE} divides by the configured size, so the rule would be scaled wrong "
-            "(padding rows or a partial batch); run without padding or partial rollouts (trainer.use_v1=false, "
-            "synchronous rollouts) so each step holds exactly the configured rows"
+            f"aggbench verl estimator: the step batch has {rows} rows, not a multiple of "
+            f"{ACTOR}.ppo_mini_batch_size x rollout.n = {mini}; the rule's weights are scaled by the mini-batch "
+            f"count, which is then not whole; set data.train_batch_size to a multiple of {ACTOR}.ppo_mini_batch_size "
+            "and use rollouts that return every configured prompt"
         )
+    return rows // mini
 
 
 def _root(config: Any) -> Any:
@@ -295,8 +303,9 @@ def make_estimator(instance: RuleInstance):
             )
         root = _root(config)
         check_config(root, instance)
+        k = 1
         if not native_token(instance):  # token-mean divides by the real token count: any row count
-            check_rows(root, token_level_rewards.shape[0])
+            k = minibatch_count(root, token_level_rewards.shape[0])
         from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
         grpo, _ = compute_grpo_outcome_advantage(
@@ -305,7 +314,11 @@ def make_estimator(instance: RuleInstance):
             index,
             norm_adv_by_std_in_grpo=bool(config.get("norm_adv_by_std_in_grpo", True)),
         )
-        out = grpo if native_token(instance) else effective_advantages(instance, grpo, response_mask, index)
+        out = (
+            grpo
+            if native_token(instance)
+            else effective_advantages(instance, grpo, response_mask, index, minibatches=k)
+        )
         return out, out
 
     estimator.__name__ = f"{PREFIX}{instance.name}"

@@ -30,20 +30,11 @@ _PENDING: dict[str, float] = {}
 _HOOKED: list[bool] = []
 
 
-def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
-    node = cfg
-    for part in dotted.split("."):
-        if node is None:
-            return default
-        node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
-    return default if node is None else node
-
-
 def step_metrics(
     token_level_rewards: Tensor, advantages: Tensor, response_mask: Tensor, index: Any, root: Any
 ):
     """``monitor_metrics`` of one step batch under the run's loss_agg_mode; advantages [B, T]."""
-    from aggbench.integrations.verl import group_ids_of
+    from aggbench.integrations.verl import _get, group_ids_of  # lazily: verl.py imports this module
 
     m = response_mask.to(torch.float64)
     per_seq = (advantages.to(torch.float64) * m).sum(dim=1) / m.sum(dim=1).clamp_min(1.0)
