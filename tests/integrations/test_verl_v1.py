@@ -208,3 +208,48 @@ def test_the_v1_trainers_padding_rows_get_no_weight_and_shrink_the_step_as_verls
             torch.testing.assert_close(a.double(), alone[row, :n].double(), rtol=1e-6, atol=1e-7)
     assert float(alone.abs().max()) > 0
     tq.kv_clear(keys=meta.keys, partition_id="short")
+
+
+def test_the_monitor_under_the_v1_trainer_leaves_its_grpo_advantages_and_queues_the_metrics(store, model_dir):
+    """algorithm.adv_estimator=aggbench_monitor_grpo through the v1 trainer's _compute_advantage gives
+    the advantages v1 gives ``grpo`` (its own per-session GRPO branch), row for row, and queues the
+    aggbench/* metrics for the step's next Tracking.log."""
+    from transformers import AutoTokenizer
+
+    from aggbench.integrations import verl_monitor
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    extra = ["trainer.use_v1=true", "trainer.balance_batch=true"]
+    batch = vs.make_batch(model_dir)
+    vs.add_old_logprobs(vs.load_model(model_dir), batch)
+    got = {}
+    for name in ("grpo", verl_monitor.NAME):
+        config = adapter.compose_config(
+            vs.overrides(name, "seq-mean-token-mean", mini_batches=1, dp=DP, extra=extra)
+        )
+        meta = _put_rollouts(batch, name)
+        meta = _Driver(config, tok)._balance_batch(meta, metrics={})
+        verl_monitor._PENDING.clear()
+        _Driver(config, tok)._compute_advantage(meta, metrics={})
+        pending = dict(verl_monitor._PENDING)
+        out = tq.kv_batch_get(keys=meta.keys, partition_id=name, select_fields=["advantages"])
+        rows = [k.rsplit("_", 2)[0] + "_" + k.rsplit("_", 2)[1] for k in meta.keys]
+        got[name] = (dict(zip(rows, out["advantages"].unbind(), strict=True)), pending)
+        tq.kv_clear(keys=meta.keys, partition_id=name)
+    (plain, none), (monitored, metrics) = got["grpo"], got[verl_monitor.NAME]
+    assert not none and plain.keys() == monitored.keys()
+    for key, adv in plain.items():
+        torch.testing.assert_close(monitored[key], adv, rtol=0, atol=0)
+    assert any(float(a.abs().sum()) > 0 for a in plain.values())
+    for key in (
+        "len/cv",
+        "len/gap",
+        "run/weight_ratio",
+        "agg/balanced/weight_ratio",
+        "agg/token/weight_ratio",
+    ):
+        assert f"aggbench/{key}" in metrics, key
+    # the run's own mode here is seq-mean-token-mean: the sequence rule
+    assert metrics["aggbench/run/weight_ratio"] == pytest.approx(
+        metrics["aggbench/agg/sequence/weight_ratio"]
+    )
