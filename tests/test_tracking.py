@@ -122,3 +122,46 @@ def test_a_logged_table_is_replaced_where_old_artifacts_stay(tmp_path, monkeypat
     log_table(run.client, run.run_id, pd.DataFrame({"row": ["c"], "mean": [2.0]}), "tables/t.json")
     got = run.client.load_table(run.experiment_id, "tables/t.json", [run.run_id])
     assert got["row"].tolist() == ["c"] and got["mean"].tolist() == [2.0]
+
+
+# --------------------------------------------------------------------------- metrics.jsonl and SIGTERM
+
+
+def test_a_torn_last_metrics_line_is_left_out_with_a_warning_that_names_it(tmp_path, caplog):
+    from aggbench.tracking import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n{"step": 3, "lo')
+    with caplog.at_level("WARNING", logger="aggbench.tracking"):
+        rows = MetricsLog(path).read()
+    assert [r["step"] for r in rows] == [1, 2]
+    (record,) = caplog.records
+    assert f"{path}:3: the last line is torn" in record.getMessage()
+    assert '\'{"step": 3, "lo\'' in record.getMessage()
+    path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')  # not the last line: an error
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not valid JSON"):
+        MetricsLog(path).read()
+
+
+def test_sigterm_raises_terminated_inside_run_status_without_a_run_too():
+    """Untracked training (run=None) ends on SIGTERM through the same exception, so its cleanup and
+    its log line run and the exit status is 143; the handler is the previous one afterwards."""
+    import os
+    import signal
+    import time
+
+    from aggbench.tracking import Terminated, run_status
+
+    reached = []
+    before = signal.signal(signal.SIGTERM, lambda *_: reached.append("outer"))  # what old code left in place
+    try:
+        with pytest.raises(Terminated) as err, run_status(None, "FINISHED"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler's exception interrupts it
+        assert err.value.code == 128 + signal.SIGTERM and not reached
+        assert signal.getsignal(signal.SIGTERM) is not before  # the test's handler is back in place
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        assert reached == ["outer"]
+    finally:
+        signal.signal(signal.SIGTERM, before)

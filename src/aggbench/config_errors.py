@@ -23,21 +23,30 @@ def format_errors(exc: ValidationError, source: str, root: type[BaseModel]) -> s
     """``exc`` as one line per bad field (its dotted path); unknown keys list the keys allowed at
     their place in ``root``."""
     lines = [f"invalid config {source}:"]
+    for loc, msg in error_fields(exc, root):
+        lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
+    return "\n".join(lines)
+
+
+def error_fields(exc: ValidationError, root: type[BaseModel]) -> list[tuple[str, str]]:
+    """(dotted path, message) per bad field of ``exc``; the path is "" for our own validators'
+    whole-config messages (they name their fields), "(top level)" for pydantic's top-level ones."""
+    out = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"]
         if err["type"] == "value_error":  # our own validators: the message names its fields
             msg = str(err.get("ctx", {}).get("error", msg.removeprefix("Value error, ")))
             if not loc:
-                lines.append(f"  {msg}")
+                out.append(("", msg))
                 continue
         loc = loc or "(top level)"
         if err["type"] == "extra_forbidden":
             parent = model_at(root, err["loc"][:-1])
             allowed = ", ".join(parent.model_fields) if parent else "?"
             msg = f"unknown key; allowed keys here: {allowed}"
-        lines.append(f"  {loc}: {msg}")
-    return "\n".join(lines)
+        out.append((loc, msg))
+    return out
 
 
 def model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:

@@ -10,6 +10,7 @@ per-cell training config), each error naming the key and the allowed values.
 from __future__ import annotations
 
 import copy
+import difflib
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,9 +62,23 @@ def _schema_errors(exp: dict) -> list[str]:
     for err in sorted(validator.iter_errors(exp), key=lambda e: list(e.absolute_path)):
         where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
         if err.validator == "additionalProperties":
-            allowed = ", ".join(sorted(err.schema.get("properties", {})))
-            extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
-            out.append(f"{where}: unknown key(s) {', '.join(map(repr, extra))}; allowed keys: {allowed}")
+            known = sorted(err.schema.get("properties", {}))
+            extra = sorted(set(err.instance) - set(known))
+            guesses = [
+                f"{key!r} -> did you mean {close[0]!r}?"
+                for key in extra
+                if (close := difflib.get_close_matches(key, known, n=1, cutoff=0.6))
+            ]
+            hint = f" ({'; '.join(guesses)})" if guesses else ""
+            out.append(
+                f"{where}: unknown key(s) {', '.join(map(repr, extra))}{hint}; allowed keys: {', '.join(known)}"
+            )
+        elif list(err.absolute_path)[:1] == ["benchmarks"] and err.validator == "pattern":
+            out.append(
+                f"{where}: {err.instance!r} is not a benchmark name (letters, digits, _ and - only): name a "
+                "benchmark YAML of configs/benchmarks/ (or of a directory in $AGGBENCH_BENCHMARK_DIR) without "
+                "its .yaml, e.g. math500; a benchmark's data files come from its YAML or $AGGBENCH_DATA_DIR"
+            )
         else:
             out.append(f"{where}: {err.message}")
     return out
@@ -153,7 +168,6 @@ RESOURCE_ALIASES = {
 
 def _resource_problems(exp: dict) -> list[str]:
     """``resources.<rule>.<key>`` (and per model) whose key is a near miss of a standard key."""
-    import difflib
 
     sections = [("resources", exp.get("resources") or {})]
     for name, m in (exp.get("models") or {}).items():
@@ -186,7 +200,7 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
         raise GridError("invalid experiment config:\n  " + "\n  ".join(errors))
     fill_defaults(exp)
     from aggbench.aggregation import load_plugins, resolve_instance
-    from aggbench.data import list_benchmarks, load_benchmark_spec, load_training_spec
+    from aggbench.data import load_benchmark_spec, load_training_spec
 
     problems: list[str] = _resource_problems(exp)
     try:
@@ -206,7 +220,7 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
         try:
             load_benchmark_spec(b)
         except Exception as exc:
-            problems.append(f"benchmarks: {b!r}: {exc} (known: {', '.join(list_benchmarks())})")
+            problems.append(f"benchmarks: {exc}")  # names the benchmark, the known ones and where it looked
     for name, ds in exp["datasets"].items():
         try:
             load_training_spec(ds["spec"])
@@ -222,10 +236,11 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
             )
     if not problems:
         cfg = None
+        first = cells(exp)[0].id
         try:
-            cfg = cell_train_config(exp, cells(exp)[0].id)
+            cfg = cell_train_config(exp, first)
         except Exception as exc:
-            problems.append(f"training: {exc}")
+            problems += _training_problems(exc, first)
         for name, m in exp["models"].items():
             positions = m.get("config_overrides", {}).get("max_position_embeddings")
             if m.get("max_context") and isinstance(positions, int) and m["max_context"] > positions:
@@ -253,6 +268,20 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
                 )
     if problems:
         raise GridError("invalid experiment config:\n  " + "\n  ".join(problems))
+
+
+def _training_problems(exc: Exception, cell: str) -> list[str]:
+    """One line per bad field of a cell's training config, by its path in the experiment config
+    (``training.algorithm.lr``) where it comes from the ``training`` section."""
+    fields = getattr(exc, "fields", None)
+    if fields is None:
+        return [f"training: {exc}"]
+    keys = getattr(exc, "training_keys", set())
+    out = []
+    for loc, msg in fields:
+        where = f"training.{loc}" if loc.split(".")[0] in keys else loc or "training"
+        out.append(f"{where}: {msg} (the training config of cell {cell})")
+    return out
 
 
 def _random_reward_problems(name: str, ds: dict) -> list[str]:
@@ -355,9 +384,13 @@ def cell_train_config(exp: dict, cid: str) -> Any:
         from pydantic import ValidationError
 
         from aggbench.config import format_validation_error
+        from aggbench.config_errors import error_fields
 
         if isinstance(exc, ValidationError):
-            raise GridError(format_validation_error(exc, f"training config of cell {cid}")) from None
+            err = GridError(format_validation_error(exc, f"training config of cell {cid}"))
+            err.fields = error_fields(exc, TrainConfig)  # type: ignore[attr-defined]
+            err.training_keys = set(training)  # type: ignore[attr-defined]
+            raise err from None
         raise
 
 

@@ -81,14 +81,22 @@ class MetricsLog:
         if not self.path.exists():
             return []
         by_step: dict[int, dict[str, Any]] = {}
-        for n, line in enumerate(self.path.read_text().splitlines(), 1):
+        lines = self.path.read_text().splitlines()
+        for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 # a torn last line from a crash mid-write: everything before it is intact
-                if n == len(self.path.read_text().splitlines()):
+                if n == len(lines):
+                    log.warning(
+                        "%s:%d: the last line is torn (a crash while it was written: %r); it is left out, "
+                        "and a resume rewrites the file without it",
+                        self.path,
+                        n,
+                        line[:60] + ("..." if len(line) > 60 else ""),
+                    )
                     break
                 raise ValueError(f"{self.path}:{n}: not valid JSON") from None
             by_step[int(row["step"])] = row
@@ -406,9 +414,10 @@ def _sigterm_raises() -> Iterator[None]:
 def run_status(run: MlflowRun | None, done: str) -> Iterator[None]:
     """The run is RUNNING inside the block and ``done`` after it; KILLED on SIGTERM or Ctrl-C,
     FAILED on any other exception, which propagates (the module docstring's policy). ``run=None``:
-    nothing is tracked, and SIGTERM keeps its default action."""
+    nothing is tracked; SIGTERM still raises ``Terminated`` (cleanup runs, exit status 143)."""
     if run is None:
-        yield
+        with _sigterm_raises():
+            yield
         return
     run.set_status("RUNNING")
     with _sigterm_raises():

@@ -82,5 +82,5 @@ def test_a_config_fault_is_an_error_and_the_last_line_says_not_ok(tmp_path):
     res = _check("--config", str(cfg))
     assert res.exit_code == 1
     lines = res.output.strip().splitlines()
-    assert "benchmarks: 'math5000'" in res.output and "Traceback" not in res.output
+    assert "benchmarks: unknown benchmark 'math5000'" in res.output and "Traceback" not in res.output
     assert lines[-1] == f"NOT OK: {cfg} has the problems above; fix them and check again"

@@ -153,5 +153,10 @@ def test_sigterm_marks_the_run_killed_and_exits_nonzero(uri, tmp_path, untrained
             proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert len(metrics_rows(out)) < 200, "training was not interrupted"
+    # one log line says what happened and how to go on (before the fix: none)
+    said = [line for line in err.splitlines() if "terminated by SIGTERM" in line]
+    assert len(said) == 1, err[-3000:]
+    assert "tiny__tiny__balanced__s0" in said[0] and "MLflow run marked KILLED" in said[0]
+    assert "rerun the same command to resume from step 0 (the start model)" in said[0]
     run = _run(uri, "test", "tiny__tiny__balanced__s0")
     assert run.info.status == "KILLED" and run.info.end_time is not None

@@ -56,7 +56,7 @@ from aggbench.config import (
 from aggbench.data.training import read_training_records
 from aggbench.files import write_atomic
 from aggbench.modeldir import loading, require_positions, require_weights
-from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri, run_status, run_tags
+from aggbench.tracking import MetricsLog, MlflowRun, Terminated, resolve_tracking_uri, run_status, run_tags
 from aggbench.train import batching, checkpoint, parallel, prompt_fit, step_log
 from aggbench.train.parallel import Ranks
 from aggbench.train.sampling import Sampler
@@ -195,8 +195,22 @@ def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: Ra
     if cfg.tracking.enabled and ranks.main:  # before config.resolved.yaml is rewritten
         tracker = open_tracker(cfg, out, allow_change=prep.allow_change)
     reached = max(checkpoint.latest_resumable(out) or 0, last)
-    with run_status(tracker, "FINISHED" if reached >= cfg.algorithm.total_steps else "SCHEDULED"):
-        return _train_segment(cfg, out, last, quiet, ranks, prep, tracker)
+    try:
+        with run_status(tracker, "FINISHED" if reached >= cfg.algorithm.total_steps else "SCHEDULED"):
+            return _train_segment(cfg, out, last, quiet, ranks, prep, tracker)
+    except (Terminated, KeyboardInterrupt) as exc:
+        if ranks.main:
+            resume = checkpoint.latest_resumable(out) or 0
+            log.error(
+                "%s: terminated by %s (a walltime limit, scancel or Snakemake stop it so)%s; rerun the same "
+                "command to resume from step %d (%s)",
+                cfg.resolved_cell_id,
+                "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C",
+                "; MLflow run marked KILLED" if tracker is not None else "",
+                resume,
+                layout.checkpoint_dir(out, resume) if resume else "the start model",
+            )
+        raise
 
 
 def _train_segment(
