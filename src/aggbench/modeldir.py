@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from aggbench.errors import InputError
+from aggbench.layout import COMPLETE
 
 MARKER = "aggbench_model.json"
 TINY = "tiny"
@@ -48,7 +49,75 @@ def require_model_dir(path: str | Path, *, what: str, fix: str) -> Path:
         json.loads(cfg.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise ModelDirError(f"{what} {p}: config.json is not valid JSON ({exc}); {fix}") from exc
+    bad = checksum_mismatch(p)
+    if bad is not None:
+        raise ModelDirError(f"{what} {p}: {bad[0].relative_to(p)} {bad[1]}; {fix}")
     return p
+
+
+# --------------------------------------------------------------------------- checksums
+
+# What a checkpoint's retention removes from every step but the latest (train/checkpoint.py):
+# recorded when the checkpoint was written, and allowed to be gone since.
+RETAINED_ONLY_LATEST = ("trainer_state.pt", "sharded/")
+_VERIFIED: set[tuple] = set()  # (marker, each file's size and mtime): hashed once per process
+
+
+def sha256_of(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def directory_checksums(directory: Path) -> dict[str, str]:
+    """sha256 of every file below ``directory`` by its relative POSIX path, except the COMPLETE
+    marker that carries them (what ``save_checkpoint`` records, as safetensors' and orbax's
+    checkpoints carry theirs)."""
+    return {
+        f.relative_to(directory).as_posix(): sha256_of(f)
+        for f in sorted(directory.rglob("*"))
+        if f.is_file() and f.relative_to(directory).as_posix() != COMPLETE
+    }
+
+
+def checksum_mismatch(directory: Path) -> tuple[Path, str] | None:
+    """(file, why) for the first file of a committed checkpoint whose bytes differ from the sha256
+    its COMPLETE marker recorded, or that is gone; None when all match, or when the directory has
+    no marker with checksums (a prepared model, or a checkpoint written before they were recorded).
+    A directory is hashed once per process while no file's size or mtime changes."""
+    marker = Path(directory) / COMPLETE
+    try:
+        recorded = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    sums = recorded.get("sha256") if isinstance(recorded, dict) else None
+    if not isinstance(sums, dict):
+        return None
+    stats = []
+    for f in sorted(Path(directory).rglob("*")):
+        with contextlib.suppress(OSError):
+            stats.append((str(f), f.stat().st_size, f.stat().st_mtime_ns))
+    key = (str(marker.resolve()), tuple(stats))
+    if key in _VERIFIED:
+        return None
+    for rel, want in sorted(sums.items()):
+        path = Path(directory) / rel
+        if not path.is_file():
+            if rel.startswith(RETAINED_ONLY_LATEST):
+                continue
+            return path, "missing (it was there when the checkpoint was written)"
+        got = sha256_of(path)
+        if got != want:
+            return path, (
+                f"changed since the checkpoint was written: sha256 {got[:12]}..., recorded {want[:12]}...; "
+                "damaged on disk or in a copy"
+            )
+    _VERIFIED.add(key)
+    return None
 
 
 def require_weights(path: str | Path, *, what: str, fix: str) -> Path:

@@ -47,6 +47,14 @@ def _damage(path: Path, how: str) -> None:
     elif how == "truncated":
         with open(path, "r+b") as fh:
             fh.truncate(path.stat().st_size // 2)
+    elif (
+        how == "inside"
+    ):  # 4 KB in the middle, every bit flipped: the header and the zip directory still read
+        with open(path, "r+b") as fh:
+            fh.seek(path.stat().st_size // 2)
+            block = fh.read(4096)
+            fh.seek(path.stat().st_size // 2)
+            fh.write(bytes(b ^ 0xFF for b in block))
     else:  # overwritten at the start
         with open(path, "r+b") as fh:
             fh.write(b"x" * 64)
@@ -61,6 +69,8 @@ def _damage(path: Path, how: str) -> None:
         ("model.safetensors", "empty"),
         ("model.safetensors", "truncated"),
         ("model.safetensors", "overwritten"),
+        ("model.safetensors", "inside"),  # caught only by the checksum (was: trained on wrong weights)
+        (STATE_FILE, "inside"),
     ],
 )
 def test_a_damaged_checkpoint_file_is_named_with_the_fix(tmp_path, trained, name, how):
@@ -75,6 +85,37 @@ def test_a_damaged_checkpoint_file_is_named_with_the_fix(tmp_path, trained, name
     assert msg.startswith(f"{step_dir / name} is unreadable ("), msg
     assert msg.endswith(f"; delete {step_dir} to start again from step 0, or train into a new --out")
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1  # nothing lost
+
+
+def test_the_checkpoint_records_every_files_sha256_and_evaluation_verifies_it(tmp_path, trained):
+    from aggbench.evaluation.generate import require_checkpoint
+    from aggbench.modeldir import ModelDirError, sha256_of
+
+    _, src = trained
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    step_dir = checkpoint_dir(run, 1)
+    recorded = json.loads((step_dir / COMPLETE).read_text())
+    files = sorted(f.relative_to(step_dir).as_posix() for f in step_dir.rglob("*") if f.is_file())
+    assert recorded["step"] == 1 and sorted(recorded["sha256"]) == [f for f in files if f != COMPLETE]
+    assert recorded["sha256"][STATE_FILE] == sha256_of(step_dir / STATE_FILE)
+    assert require_checkpoint(step_dir) == step_dir.resolve()  # intact
+    (step_dir / STATE_FILE).unlink()  # what retention removes from older steps: allowed
+    require_checkpoint(step_dir)
+    _damage(step_dir / "model.safetensors", "inside")
+    with pytest.raises(ModelDirError) as err:
+        require_checkpoint(step_dir)
+    msg = str(err.value)
+    assert msg.startswith(
+        f"--checkpoint {step_dir.resolve()}: model.safetensors changed since the checkpoint was written"
+    )
+    assert "damaged on disk or in a copy; give a save_pretrained model directory" in msg
+    (step_dir / "tokenizer.json").unlink()
+    shutil.copy(src / "checkpoints/step_1/model.safetensors", step_dir / "model.safetensors")
+    with pytest.raises(
+        ModelDirError, match="tokenizer.json missing .it was there when the checkpoint was written"
+    ):
+        require_checkpoint(step_dir)
 
 
 def test_a_resume_needs_model_path_only_for_the_kl_reference(tmp_path, trained):

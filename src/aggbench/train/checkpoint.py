@@ -13,7 +13,9 @@ Layout of a run directory::
 
 A checkpoint is built in ``step_<N>.tmp-<pid>`` and renamed into place, so a crash never leaves a
 directory named ``step_<N>`` that is not complete. A file of it damaged later (a full disk, a bad
-copy) is a :class:`CheckpointError` on resume naming the file and the fix, never a torch traceback.
+copy) is a :class:`CheckpointError` on resume naming the file and the fix, never a torch traceback;
+COMPLETE records every file's sha256, so bytes changed inside a file whose header still reads are
+caught too (on resume here, on evaluation by ``modeldir.require_model_dir``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import torch
 from aggbench.config_errors import ConfigError
 from aggbench.errors import InputError
 from aggbench.layout import COMPLETE, checkpoint_dir, checkpoints_root, complete_steps, rule_file
-from aggbench.modeldir import ModelDirError, loading, weights_problem
+from aggbench.modeldir import ModelDirError, checksum_mismatch, directory_checksums, loading, weights_problem
 
 STATE_FILE = "trainer_state.pt"
 SHARDED_DIR = "sharded"
@@ -120,6 +122,9 @@ def check_readable(run_dir: Path, step: int) -> None:
         why = problem(path)
         if why:
             raise unreadable(run_dir, step, path, why)
+    bad = checksum_mismatch(d)  # bytes changed inside an intact-looking file
+    if bad is not None:
+        raise unreadable(run_dir, step, *bad)
 
 
 @contextlib.contextmanager
@@ -226,7 +231,8 @@ def save_checkpoint(
     if extra is not None:
         extra(tmp)
     torch.save(trainer_state, tmp / STATE_FILE)
-    (tmp / COMPLETE).write_text(f"{step}\n")
+    # written last: the step and every file's sha256, verified on resume and evaluation
+    (tmp / COMPLETE).write_text(json.dumps({"step": step, "sha256": directory_checksums(tmp)}) + "\n")
     _fsync_dir(tmp)
     if final.exists():  # a rerun of the same step (e.g. after a crash before metrics were synced)
         shutil.rmtree(final)
