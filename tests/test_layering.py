@@ -33,7 +33,9 @@ ALLOWED: dict[str, set[str]] = {
     "tiny/": set(),
     "aggregation/": {"errors", "registry"},
     "data/": {"errors", "files", "graders", "metric_names", "registry", "tiny/"},
-    "tracking": {"environment", "files", "layout"},
+    "tracking": {"environment", "files", "layout", "provenance"},
+    # a run's MLflow tags, also written to its run files (the trainer writes, ingest reads them)
+    "provenance": {"environment", "files", "layout"},
     "grading/": {"data/", "graders", "metric_names", "tiny/"},  # metric_names: the ledger's count names
     "grid": {"aggregation/", "config", "config_errors", "data/", "errors", "layout"},
     "rollout/": {"seeds"},
@@ -48,7 +50,8 @@ ALLOWED: dict[str, set[str]] = {
         "modeldir",
         "seeds",
     }
-    | {"config_errors", "environment", "errors", "prompts", "registry", "rollout/", "tiny/", "tracking"},
+    | {"config_errors", "environment", "errors", "prompts", "registry", "rollout/", "tiny/", "tracking"}
+    | {"provenance"},
     "evaluation/": {"data/", "devices", "files", "graders", "grading/", "modeldir", "prompts", "rollout/"}
     | {"environment", "errors", "layout", "metric_names", "registry", "seeds", "tiny/", "tracking"},
     # other trainers' loss modes as weights (aggbench audit): the rules and explain's batch
@@ -56,7 +59,7 @@ ALLOWED: dict[str, set[str]] = {
     # adapters for other trainers: the rules, nothing of aggbench's trainer; the monitors read the
     # other trainers' modes (audit/) and may log to MLflow through tracking's public API
     "integrations/": {"aggregation/", "audit/", "errors", "tracking"},
-    "report/": {"config", "data/", "files", "grid", "layout", "metric_names", "tracking"}
+    "report/": {"config", "data/", "files", "grid", "layout", "metric_names", "provenance", "tracking"}
     | {"aggregation/"},  # explain_render: the explain batch's types, for annotations only (no torch)
     "plan/": {"data/", "grid", "layout", "rollout/", "tiny/"},
     "cli/": {"*"},
@@ -74,6 +77,7 @@ NO_TORCH = (
         "prompts",
         "modeldir",
         "tracking",
+        "provenance",
         "grid",
         "data/",
     }

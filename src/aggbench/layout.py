@@ -10,6 +10,8 @@
     {results}/runs/{cell}/metrics.jsonl                 one row per finished step (source of truth)
     {results}/runs/{cell}/mlflow_run.json               which MLflow run holds the cell
     {results}/runs/{cell}/environment.json              package versions, CPU (aggbench.environment)
+    {results}/runs/{cell}/tags.json                     the MLflow tags the trainer gives the run
+                                                        (commit, versions, config hash, rule identity)
     {results}/runs/{cell}/checkpoints/step_{N}/COMPLETE a committed checkpoint (written last)
     {results}/runs/{cell}/segments/step_{N}.done        the train segment that ends at N finished
     {results}/runs/{cell}/samples/step_{N}/{bench}.jsonl
@@ -121,6 +123,11 @@ def metrics_file(run: str | Path) -> Path:
 def environment_file(run: str | Path) -> Path:
     """What a run (or a base model's evaluation) ran on: ``aggbench.environment.describe()``."""
     return Path(run) / "environment.json"
+
+
+def tags_file(run: str | Path) -> Path:
+    """The MLflow tags of a cell's run as its trainer set them (provenance a rebuilt store reads)."""
+    return Path(run) / "tags.json"
 
 
 def mlflow_marker(run: str | Path) -> Path:

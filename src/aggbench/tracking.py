@@ -46,7 +46,6 @@ import os
 import posixpath
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -56,6 +55,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlparse
 
 from aggbench.files import write_atomic
+from aggbench.provenance import tag_value
 
 SENTINEL = "train/step"
 # The UI's ExperimentKind (mlflow/server/js; "custom_model_development" is "Machine learning"). MLflow
@@ -176,7 +176,66 @@ def init_store(uri: str) -> Any:
         return MlflowClient(tracking_uri=uri)
     db = Path(uri[len("sqlite:///") :])
     with _flock(db.with_name(db.name + ".init.lock")):
+        if db.is_file():
+            repoint_copied_store(db)
         return MlflowClient(tracking_uri=uri)
+
+
+def repoint_copied_store(db: Path) -> tuple[int, int]:
+    """Make a copied (or moved) results directory's store write only into itself.
+
+    MLflow keeps each experiment's artifact location and each run's artifact URI as absolute URIs
+    and has no API to change them, so after ``cp -a results elsewhere/`` the copy's ``mlflow.db``
+    still names the original's ``mlartifacts`` and everything the copy logs (the report's plots and
+    tables) would land in the original. aggbench's SQLite stores keep artifacts in ``mlartifacts``
+    beside the database; each location that follows that layout but names another directory's
+    ``mlartifacts`` is re-pointed here, in the SQLite file, to this database's own (a store on a
+    tracking server keeps its own artifact root: untouched). Returns (experiments, runs) re-pointed.
+    """
+    import sqlite3
+
+    own = (db.parent / "mlartifacts").resolve()
+
+    def moved(uri: str | None) -> str | None:
+        local = _local_path(uri or "")
+        if local is None or "mlartifacts" not in local.parts:
+            return None
+        parts = local.parts
+        i = len(parts) - 1 - parts[::-1].index("mlartifacts")
+        if Path(*parts[: i + 1]).resolve() == own:
+            return None
+        return own.joinpath(*parts[i + 1 :]).as_uri()
+
+    con = sqlite3.connect(db, timeout=60)
+    try:
+        with con:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not {"experiments", "runs"} <= tables:
+                return 0, 0  # a new database MLflow has not migrated yet
+            exps = [
+                (new, eid)
+                for eid, loc in con.execute("SELECT experiment_id, artifact_location FROM experiments")
+                if (new := moved(loc))
+            ]
+            runs = [
+                (new, rid)
+                for rid, loc in con.execute("SELECT run_uuid, artifact_uri FROM runs")
+                if (new := moved(loc))
+            ]
+            con.executemany("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?", exps)
+            con.executemany("UPDATE runs SET artifact_uri = ? WHERE run_uuid = ?", runs)
+    finally:
+        con.close()
+    if exps or runs:
+        log.warning(
+            "%s names artifact folders of another results directory (copied or moved): %d experiment(s) and "
+            "%d run(s) re-pointed to %s, so this results directory writes only into itself",
+            db,
+            len(exps),
+            len(runs),
+            own,
+        )
+    return len(exps), len(runs)
 
 
 class MlflowRun:
@@ -245,7 +304,7 @@ class MlflowRun:
     def set_tags(self, tags: dict[str, Any]) -> None:
         from mlflow.entities import RunTag
 
-        items = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
+        items = [RunTag(k, tag_value(v)) for k, v in tags.items()]
         for i in range(0, len(items), BATCH):
             _retry(self.client.log_batch, self.run_id, tags=items[i : i + BATCH])
 
@@ -454,55 +513,10 @@ def metric_history(client: Any, run_id: str, key: str) -> dict[int, float]:
     return {s: v for s, (_, v) in sorted(out.items())}
 
 
-def run_tags(cfg: Any, rule: Any, plugin_files: list[Path]) -> dict[str, Any]:
-    """Tags of a cell's MLflow run: what it is, and what code produced it. ``rule``: the instance
-    that trains (``aggregation.resolve_instance``; its every parameter, as aggregation.json has them)."""
-    import hashlib
-    import platform
-
-    import torch
-    import transformers
-
-    from aggbench import __version__, environment
-
-    tags = {
-        "aggbench.cell_id": cfg.resolved_cell_id,
-        "model": cfg.model.name,
-        "dataset": cfg.dataset.name,
-        "aggregation": rule.name,
-        "aggregation.rule": rule.rule,
-        "aggregation.version": rule.spec.version,
-        "seed": cfg.seed,
-        "config_hash": cfg.hash(),
-        "git_sha": _git_sha(),
-        "versions": f"aggbench={__version__} torch={torch.__version__} transformers={transformers.__version__} "
-        f"python={platform.python_version()}",
-    }
-    for k, v in rule.params.items():
-        tags[f"aggregation.{k}"] = v
-    tags |= environment.tags(environment.describe())  # versions that can change a number, CPU
-    if plugin_files:
-        h = hashlib.sha256()
-        for f in sorted(plugin_files):
-            h.update(Path(f).read_bytes())
-        tags["plugin_source_sha256"] = h.hexdigest()[:16]
-    return tags
-
-
 def ui_url(server: str, experiment_id: str, search: str = "") -> str:
     """The UI address opening ``experiment_id`` on its runs (``UI_QUERY``), ``search`` the run filter."""
     query = UI_QUERY + (f"&searchFilter={quote(search)}" if search else "")
     return f"{server.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
-
-
-def _git_sha() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
 
 
 def finite(x: float) -> float:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from aggbench.aggregation import resolve_instance
 from aggbench.config import TrainConfig
-from aggbench.tracking import run_tags
+from aggbench.provenance import run_tags
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "aggbench"
 HOME = SRC / "aggregation" / "contract.py"

@@ -279,3 +279,86 @@ def test_the_greedy_protocol_runs_in_the_evaluation_jobs_and_reaches_its_tables(
     # everything is up to date: the greedy outputs as declared, so a second run has nothing to do
     again = wf.run(["-n", "--config", f"results_dir={results}"])
     assert "Nothing to be done" in again.stdout + again.stderr, (again.stdout + again.stderr)[-2000:]
+
+
+def test_a_store_rebuilt_from_the_run_files_has_every_tag_the_trainer_set(
+    wf, smoke_run, tmp_path, monkeypatch
+):
+    """Issue 26, item 2: delete the MLflow store and ingest the run files again: every cell's run has
+    each tag its trainer gave it (commit, package versions, config hash, the rule's identity and
+    parameters, the environment), from runs/{cell}/tags.json; before, those were in no run file."""
+    import shutil
+
+    from aggbench.cli.report import ingest_command
+
+    results, _, _ = smoke_run
+    copy = tmp_path / "results"
+    shutil.copytree(results, copy, ignore=shutil.ignore_patterns("mlflow.db", "mlartifacts"))
+    _in_copy(wf, copy, monkeypatch, ingest_command, "--quiet")
+    (old, old_exp), (new, new_exp) = _client_and_experiment(results), _client_and_experiment(copy)
+    for cell in _cells(wf):
+        (was,) = old.search_runs([old_exp.experiment_id], f"tags.`aggbench.cell_id` = '{cell}'")
+        (now,) = new.search_runs([new_exp.experiment_id], f"tags.`aggbench.cell_id` = '{cell}'")
+        assert was.info.run_id != now.info.run_id  # a new store, rebuilt
+        set_by_aggbench = {k: v for k, v in was.data.tags.items() if not k.startswith("mlflow.")}
+        lost = {k: (v, now.data.tags.get(k)) for k, v in set_by_aggbench.items() if now.data.tags.get(k) != v}
+        assert not lost, f"{cell}: tags not rebuilt from the run files: {lost}"
+        provenance = ("git_sha", "versions", "config_hash", "aggregation.rule", "aggregation.version")
+        assert {*provenance, "aggregation.scope", "env.sha256"} <= set(set_by_aggbench), cell
+        assert now.data.params == was.data.params, cell
+
+
+def test_a_copied_results_directory_reads_and_writes_only_itself(wf, smoke_run, tmp_path, monkeypatch):
+    """Issue 26, item 1: `cp -a results elsewhere/results`, then ingest and report in the copy: no file
+    under the original is written (before the fix, the report rewrote 26 artifact files of the
+    original's mlartifacts: the copied store names absolute artifact locations), and the copy's
+    artifacts are its own."""
+    import hashlib
+    import shutil
+
+    from aggbench.cli.report import ingest_command, report_command
+
+    def snapshot(root: Path) -> dict[str, tuple]:
+        """Every file's bytes and mtime: a write of the same bytes (the report's plots are
+        deterministic) still counts as a write into the original."""
+        return {
+            p.relative_to(root).as_posix(): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.is_symlink()
+        }
+
+    results, _, _ = smoke_run
+    before = snapshot(results)
+    copy = tmp_path / "moved" / "results"
+    shutil.copytree(results, copy, symlinks=True)
+    _in_copy(wf, copy, monkeypatch, ingest_command, "--quiet")
+    _in_copy(wf, copy, monkeypatch, report_command)
+    after = snapshot(results)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"the copy's ingest and report changed the original: {changed[:10]}"
+    client, exp = _client_and_experiment(copy)
+    assert Path(_local(exp.artifact_location)).resolve() == (copy / "mlartifacts").resolve()
+    (summary,) = client.search_runs([exp.experiment_id], "tags.`aggbench.cell_id` = 'smoke__summary'")
+    where = Path(_local(summary.info.artifact_uri)).resolve()
+    assert where.is_relative_to((copy / "mlartifacts").resolve()), where
+    assert any(p.suffix == ".png" for p in where.rglob("*")), "the report's plots are in the copy"
+
+
+def _local(uri: str) -> str:
+    from urllib.parse import unquote, urlparse
+
+    return unquote(urlparse(uri).path)
+
+
+def _in_copy(wf, copy: Path, monkeypatch, command, *args: str) -> None:
+    """Run an aggbench command on the smoke config with ``results_dir`` = ``copy`` (the embedded store)."""
+    from click.testing import CliRunner
+
+    cfg = yaml.safe_load(wf.SMOKE.read_text())
+    cfg["results_dir"] = str(copy)
+    config = copy.parent / "smoke.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    monkeypatch.chdir(wf.REPO)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    res = CliRunner().invoke(command, ["--config", str(config), *args], catch_exceptions=False)
+    assert res.exit_code == 0, res.output

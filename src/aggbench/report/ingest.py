@@ -31,6 +31,7 @@ from typing import Any
 from aggbench import layout
 from aggbench.grid import cells, results_dir, total_steps
 from aggbench.metric_names import eval_metric_values, eval_to_mlflow
+from aggbench.provenance import read_recorded_tags
 from aggbench.tracking import (
     SENTINEL,
     MetricsLog,
@@ -206,7 +207,9 @@ def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
     run = open_run(uri, experiment, src.cell_id, src.run_dir)
     before = run.client.get_run(run.run_id)
     have = before.data.tags
-    changed = {k: v for k, v in src.tags.items() if have.get(k) != v}
+    # the trainer's tags from the run files (commit, versions, config hash, rule identity), then the grid's
+    recorded = read_recorded_tags(src.run_dir) if src.kind == "cell" else {}
+    changed = {k: v for k, v in {**recorded, **src.tags}.items() if have.get(k) != v}
     if changed:
         run.set_tags(changed)
     params = log_cell_params(run, src.run_dir, have=before.data.params) if src.kind == "cell" else 0

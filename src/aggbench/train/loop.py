@@ -56,7 +56,8 @@ from aggbench.config import (
 from aggbench.data.training import read_training_records
 from aggbench.files import write_atomic
 from aggbench.modeldir import loading, require_positions, require_weights
-from aggbench.tracking import MetricsLog, MlflowRun, Terminated, resolve_tracking_uri, run_status, run_tags
+from aggbench.provenance import record_tags, run_tags
+from aggbench.tracking import MetricsLog, MlflowRun, Terminated, resolve_tracking_uri, run_status
 from aggbench.train import batching, checkpoint, parallel, prompt_fit, step_log
 from aggbench.train.parallel import Ranks
 from aggbench.train.sampling import Sampler
@@ -185,6 +186,9 @@ def open_tracker(cfg: TrainConfig, out: Path, *, allow_change: bool = False) -> 
         start = checkpoint.latest_resumable(out) or 0
         log.warning("%s: MLflow params kept; changed: %s", cfg.resolved_cell_id, "; ".join(diff))
         tags["aggbench.config_changes"] = f"at step {start}: " + "; ".join(diff)
+        record_tags(
+            out, {"aggbench.config_changes": tags["aggbench.config_changes"]}
+        )  # kept in the files too
     tracker.set_tags(tags)
     return tracker
 
@@ -248,8 +252,10 @@ def _train_segment(
     metrics_log = MetricsLog(out / "metrics.jsonl")
     if main:
         metrics_log.truncate_after(start)
+        # the run files keep every tag MLflow gets: a store rebuilt from them has them all
+        tags = record_tags(out, run_tags(cfg, prep.rule, prep.plugin_files))
     if tracker is not None:
-        tracker.set_tags(run_tags(cfg, prep.rule, prep.plugin_files))
+        tracker.set_tags(tags)
         tracker.sync(metrics_log.read(), upto=start)  # fills in steps a crash kept from MLflow
     reward_fn = make_reward(cfg.dataset)
     compare_fn = RewardFn(cfg.dataset.compare_grader) if cfg.dataset.compare_grader else None
