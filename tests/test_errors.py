@@ -42,6 +42,7 @@ INPUT_ERRORS: dict[str, type[Exception]] = {
     "AdapterConfigError": ValueError,
     "RunLockedError": RuntimeError,
     "CheckpointError": ValueError,
+    "DiskFullError": OSError,
 }
 INTERNAL: dict[str, str] = {  # class: why it is not bad input
     "AggregationInputError": "the rule API's argument check: its tensors come from the trainer, an "

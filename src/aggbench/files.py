@@ -38,3 +38,50 @@ def write_atomic(path: str | Path, text: str) -> Path:
     with atomic_writer(path) as fh:
         fh.write(text)
     return Path(path)
+
+
+# Below this much free space, a failed write is taken for a full disk: torch's serializer reports
+# one as "unexpected pos ..." with no errno, so the chain alone cannot always tell.
+NEARLY_FULL_BYTES = 1 << 20
+
+
+def disk_full(exc: BaseException, where: str | Path | None = None) -> bool:
+    """Whether ``exc`` (or an error in its chain) comes from a full disk or quota: an ``OSError``
+    with ENOSPC or EDQUOT, SQLite's "database or disk is full", one a writer judged so, or (with
+    ``where``, for a writer that just failed) any failure while the filesystem of ``where`` has
+    under ``NEARLY_FULL_BYTES`` free."""
+    import errno
+    import shutil
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if getattr(e, "aggbench_disk_full", False):  # judged by the writer before it freed its partial file
+            return True
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(e)
+        if "No space left on device" in text or "database or disk is full" in text:
+            return True
+        e = e.__cause__ or e.__context__
+    if where is None:
+        return False
+    try:
+        return shutil.disk_usage(where).free < NEARLY_FULL_BYTES
+    except OSError:
+        return False
+
+
+def written_file(exc: BaseException) -> str | None:
+    """The file a failed write names: ``aggbench_writing`` set by the writer, else an ``OSError``'s
+    filename in the chain; None when nothing names one."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        named = getattr(e, "aggbench_writing", None) or (e.filename if isinstance(e, OSError) else None)
+        if named:
+            return str(named)
+        e = e.__cause__ or e.__context__
+    return None

@@ -10,6 +10,7 @@
     {results}/runs/{cell}/metrics.jsonl                 one row per finished step (source of truth)
     {results}/runs/{cell}/mlflow_run.json               which MLflow run holds the cell
     {results}/runs/{cell}/environment.json              package versions, CPU (aggbench.environment)
+    {results}/runs/{cell}/failure.json                  a segment that stopped on a full disk
     {results}/runs/{cell}/tags.json                     the MLflow tags the trainer gives the run
                                                         (commit, versions, config hash, rule identity)
     {results}/runs/{cell}/checkpoints/step_{N}/COMPLETE a committed checkpoint (written last)
@@ -123,6 +124,11 @@ def metrics_file(run: str | Path) -> Path:
 def environment_file(run: str | Path) -> Path:
     """What a run (or a base model's evaluation) ran on: ``aggbench.environment.describe()``."""
     return Path(run) / "environment.json"
+
+
+def failure_file(run: str | Path) -> Path:
+    """Why a cell's last training segment failed (a full disk), until a segment starts again."""
+    return Path(run) / "failure.json"
 
 
 def tags_file(run: str | Path) -> Path:

@@ -104,6 +104,24 @@ def test_ingest_rebuilds_a_deleted_store(tmp_path):
     assert json.loads(marker.read_text())["run_id"] != old_run
 
 
+def test_a_segment_that_stopped_on_a_full_disk_is_failed_at_the_next_ingest(tmp_path):
+    """The trainer writes runs/{cell}/failure.json when it runs out of disk (the store may have been
+    full as well, so the run could not be marked then): ingest marks the run FAILED from it."""
+    config = rf.make_grid(tmp_path)
+    exp = load_experiment(config)
+    cid = rf.cell_id("sequence", 0)  # unfinished: 8 of 12 steps committed
+    failure = layout.failure_file(tmp_path / "results" / "runs" / cid)
+    failure.write_text(json.dumps({"error": "no space left on device", "file": "x", "resumes_from": 8}))
+    run_cli(ingest_command, "--config", str(config), "--quiet")
+    client = init_store(tracking_uri(exp))
+    runs, _ = find_runs(client, exp["experiment"])
+    assert runs[cid].info.status == "FAILED"
+    assert runs[rf.cell_id("token", 0)].info.status == "FINISHED"
+    failure.unlink()  # what the next segment's start does
+    run_cli(ingest_command, "--config", str(config), "--quiet")
+    assert client.get_run(runs[cid].info.run_id).info.status == "FAILED"  # left for the trainer to set
+
+
 def test_a_rebuilt_store_gives_cell_runs_their_params(tmp_path):
     """A cell's params come back from its config.resolved.yaml (the trainer's copy): the UI's
     filters work on a store rebuilt from the files too."""

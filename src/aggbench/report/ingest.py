@@ -176,10 +176,14 @@ def open_run(uri: str, experiment: str, cell_id: str, run_dir: Path | None) -> M
 
 def status_from_files(src: Source, rows: Sequence[dict[str, Any]], created: bool) -> str | None:
     """The status ingest gives a run (the policy in ``aggbench.tracking``), or None to leave it:
-    FINISHED for a base model's run and for a cell whose files hold its last step; SCHEDULED for
-    a cell's run this ingest created while the cell is unfinished (no trainer logs to it)."""
+    FINISHED for a base model's run and for a cell whose files hold its last step; FAILED for a
+    cell whose last segment stopped on a full disk (``failure.json``: the store may have been full
+    too); SCHEDULED for a cell's run this ingest created while the cell is unfinished (no trainer
+    logs to it)."""
     if src.kind != "cell" or (rows and src.committed_step(rows) >= src.total_steps):
         return "FINISHED"
+    if layout.failure_file(src.run_dir).is_file():
+        return "FAILED"
     return "SCHEDULED" if created else None
 
 

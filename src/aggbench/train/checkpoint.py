@@ -35,6 +35,7 @@ import torch
 
 from aggbench.config_errors import ConfigError
 from aggbench.errors import InputError
+from aggbench.files import disk_full
 from aggbench.layout import COMPLETE, checkpoint_dir, checkpoints_root, complete_steps, rule_file
 from aggbench.modeldir import ModelDirError, checksum_mismatch, directory_checksums, loading, weights_problem
 
@@ -48,6 +49,10 @@ class RunLockedError(InputError, RuntimeError):
 
 class CheckpointError(ModelDirError):
     """A file of the checkpoint being resumed is empty, truncated or otherwise unreadable."""
+
+
+class DiskFullError(InputError, OSError):
+    """Training stopped on a full disk (or quota); the message names the file and where it resumes."""
 
 
 class RunLock:
@@ -223,16 +228,28 @@ def save_checkpoint(
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
-    tokenizer.save_pretrained(tmp)
-    if fault is not None:
-        fault("checkpoint_write")
-    if extra is not None:
-        extra(tmp)
-    torch.save(trainer_state, tmp / STATE_FILE)
-    # written last: the step and every file's sha256, verified on resume and evaluation
-    (tmp / COMPLETE).write_text(json.dumps({"step": step, "sha256": directory_checksums(tmp)}) + "\n")
+    writing = tmp
+    try:
+        tmp.mkdir(parents=True)
+        writing = tmp / "model.safetensors"
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
+        writing = tmp / "tokenizer.json"
+        tokenizer.save_pretrained(tmp)
+        if fault is not None:
+            fault("checkpoint_write")
+        if extra is not None:
+            writing = tmp / SHARDED_DIR
+            extra(tmp)
+        writing = tmp / STATE_FILE
+        torch.save(trainer_state, tmp / STATE_FILE)
+        # written last: the step and every file's sha256, verified on resume and evaluation
+        writing = tmp / COMPLETE
+        (tmp / COMPLETE).write_text(json.dumps({"step": step, "sha256": directory_checksums(tmp)}) + "\n")
+    except Exception as exc:  # a full disk, say: name the file, leave no partial directory behind
+        exc.aggbench_writing = writing  # type: ignore[attr-defined]
+        exc.aggbench_disk_full = disk_full(exc, tmp.parent)  # type: ignore[attr-defined]  # before freeing
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _fsync_dir(tmp)
     if final.exists():  # a rerun of the same step (e.g. after a crash before metrics were synced)
         shutil.rmtree(final)

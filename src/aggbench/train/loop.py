@@ -54,7 +54,7 @@ from aggbench.config import (
     resume_refused,
 )
 from aggbench.data.training import read_training_records
-from aggbench.files import write_atomic
+from aggbench.files import disk_full, write_atomic, written_file
 from aggbench.modeldir import loading, require_positions, require_weights
 from aggbench.provenance import record_tags, run_tags
 from aggbench.tracking import MetricsLog, MlflowRun, Terminated, resolve_tracking_uri, run_status
@@ -202,6 +202,10 @@ def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: Ra
     try:
         with run_status(tracker, "FINISHED" if reached >= cfg.algorithm.total_steps else "SCHEDULED"):
             return _train_segment(cfg, out, last, quiet, ranks, prep, tracker)
+    except Exception as exc:
+        if ranks.main and disk_full(exc):  # judged by the chain, or by the writer that failed
+            raise _disk_full(cfg, out, exc) from exc
+        raise
     except (Terminated, KeyboardInterrupt) as exc:
         if ranks.main:
             resume = checkpoint.latest_resumable(out) or 0
@@ -215,6 +219,26 @@ def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: Ra
                 layout.checkpoint_dir(out, resume) if resume else "the start model",
             )
         raise
+
+
+def _disk_full(cfg: TrainConfig, out: Path, exc: BaseException) -> checkpoint.DiskFullError:
+    """The one-line error of a segment that ran out of disk: the partial checkpoint removed, the
+    failure written to the run files where space allows (the next ingest marks the MLflow run
+    FAILED from it when the store could not be written now), and where a rerun resumes."""
+    checkpoint.clean_partial(out)
+    resume = checkpoint.latest_resumable(out) or 0
+    file = written_file(exc) or str(out)
+    line = (
+        f"no space left on device while writing {file}; free space and rerun: training resumes from step "
+        f"{resume}"
+    )
+    with contextlib.suppress(OSError):
+        write_atomic(
+            layout.failure_file(out),
+            json.dumps({"error": "no space left on device", "file": file, "resumes_from": resume}) + "\n",
+        )
+    log.error("%s: %s", cfg.resolved_cell_id, line)
+    return checkpoint.DiskFullError(line)
 
 
 def _train_segment(
@@ -234,6 +258,7 @@ def _train_segment(
         torch.set_num_threads(cfg.threads)
     a, main = cfg.algorithm, ranks.main
     if main:
+        layout.failure_file(out).unlink(missing_ok=True)  # a new attempt
         dump_config(cfg, layout.resolved_config_file(out))
         environment.write(layout.environment_file(out))  # rewritten per segment, like the config
         if not layout.rule_file(out).exists():  # what the run was started with, kept on resumes
