@@ -100,9 +100,15 @@ def ingest_command(config: Path, cell_ids: tuple[str, ...], quiet: bool) -> None
         done = ingest(exp, only=cell_ids or None, progress=False if quiet else None)
     steps = sum(d["steps"] for d in done)
     evals = sum(d["eval_values"] for d in done)
+    replaced = [d["cell_id"] for d in done if d.get("replaced")]
     click.echo(
         f"ingested {len(done)} run(s) into {tracking_uri(exp)} (experiment {exp['experiment']}): "
         f"{steps} new training step(s), {evals} new evaluation value(s)"
+        + (
+            f"; rebuilt from the files (the store held a discarded attempt): {', '.join(replaced)}"
+            if replaced
+            else ""
+        )
     )
     uri = tracking_uri(exp)
     click.echo(ui_hint(init_store(uri), uri, exp["experiment"]))

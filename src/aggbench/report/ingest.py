@@ -22,6 +22,7 @@ trains those steps again), so they are neither ingested nor checked: the trainer
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from aggbench.tracking import (
     resolve_tracking_uri,
 )
 
+log = logging.getLogger("aggbench.ingest")
 CELL_TAG = "aggbench.cell_id"
 KIND_TAG = "aggbench.kind"
 
@@ -207,8 +209,22 @@ def log_cell_params(run: MlflowRun, run_dir: Path, have: Mapping[str, str] | Non
 
 
 def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
-    """Mirror one source's files into its MLflow run; returns what was logged."""
+    """Mirror one source's files into its MLflow run; returns what was logged. A run holding values
+    its files do not (a discarded attempt) is replaced by one rebuilt from the files."""
     run = open_run(uri, experiment, src.cell_id, src.run_dir)
+    replaced = None
+    if not run.created and (stale := discarded_values(src, run.client, run.run_id)):
+        replaced = run.run_id
+        log.warning(
+            "%s: MLflow run %s holds %d value(s) its run files do not (a discarded attempt, e.g. %s); "
+            "it is deleted and rebuilt from the files",
+            src.cell_id,
+            run.run_id,
+            len(stale),
+            stale[0],
+        )
+        run.client.delete_run(run.run_id)  # MLflow cannot delete single metric values
+        run = open_run(uri, experiment, src.cell_id, src.run_dir)
     before = run.client.get_run(run.run_id)
     have = before.data.tags
     # the trainer's tags from the run files (commit, versions, config hash, rule identity), then the grid's
@@ -233,7 +249,18 @@ def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
         "eval_values": eval_values,
         "tags": len(changed),
         "params": params,
+        "replaced": replaced,
     }
+
+
+def discarded_values(src: Source, client: Any, run_id: str) -> list[Problem]:
+    """Values the run holds that the committed files hold differently, or training steps the files
+    do not hold: what an attempt left that the files discarded (a checkpoint deleted and retrained)."""
+    return [
+        p
+        for p in verify_source(src, client, client.get_run(run_id))
+        if p.kind == "different" or (p.kind == "extra" and p.step is not None)
+    ]
 
 
 def ingest(
