@@ -341,6 +341,11 @@ class MlflowRun:
         else:
             _retry(self.client.set_terminated, self.run_id, status)
 
+    def delete(self) -> None:
+        """Delete the run (MLflow cannot delete single metric values: a run whose history disagrees
+        with its files is deleted and rebuilt from them, ``report.ingest``)."""
+        _retry(self.client.delete_run, self.run_id)
+
     def synced_steps(self) -> set[int]:
         """Steps whose whole batch reached MLflow (the sentinel is logged in the same transaction)."""
         return {int(m.step) for m in _retry(self.client.get_metric_history, self.run_id, SENTINEL)}

@@ -223,7 +223,7 @@ def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
             len(stale),
             stale[0],
         )
-        run.client.delete_run(run.run_id)  # MLflow cannot delete single metric values
+        run.delete()  # MLflow cannot delete single metric values
         run = open_run(uri, experiment, src.cell_id, src.run_dir)
     before = run.client.get_run(run.run_id)
     have = before.data.tags
