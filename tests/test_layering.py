@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     **{name: {"errors"} for name in ("registry", "devices", "config_errors")},
     "graders": {"errors", "registry"},
     # prepare-model builds the tiny model (tiny/ imports nothing of aggbench)
-    "modeldir": {"errors", "layout", "tiny/"},  # layout: the COMPLETE marker that carries checksums
+    "modeldir": {"errors", "files", "layout", "tiny/"},  # layout: the COMPLETE marker that carries checksums
     "prompts": {"config_errors"},  # a bad model.stop_tokens is a ConfigError
     "config": {"config_errors", "files", "graders", "layout", "registry"},
     "tiny/": set(),

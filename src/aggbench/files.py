@@ -53,10 +53,7 @@ def disk_full(exc: BaseException, where: str | Path | None = None) -> bool:
     import errno
     import shutil
 
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
+    for e in _chain(exc):
         if getattr(e, "aggbench_disk_full", False):  # judged by the writer before it freed its partial file
             return True
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -64,7 +61,6 @@ def disk_full(exc: BaseException, where: str | Path | None = None) -> bool:
         text = str(e)
         if "No space left on device" in text or "database or disk is full" in text:
             return True
-        e = e.__cause__ or e.__context__
     if where is None:
         return False
     try:
@@ -76,12 +72,29 @@ def disk_full(exc: BaseException, where: str | Path | None = None) -> bool:
 def written_file(exc: BaseException) -> str | None:
     """The file a failed write names: ``aggbench_writing`` set by the writer, else an ``OSError``'s
     filename in the chain; None when nothing names one."""
+    for e in _chain(exc):
+        named = getattr(e, "aggbench_writing", None) or (e.filename if isinstance(e, OSError) else None)
+        if named:
+            return str(named)
+    return None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then its cause or context, and so on (each once)."""
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        named = getattr(e, "aggbench_writing", None) or (e.filename if isinstance(e, OSError) else None)
-        if named:
-            return str(named)
+        yield e
         e = e.__cause__ or e.__context__
-    return None
+
+
+def sha256_file(path: str | Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks (fetched data, checkpoint files)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from aggbench.errors import InputError
+from aggbench.files import sha256_file
 from aggbench.layout import COMPLETE
 
 MARKER = "aggbench_model.json"
@@ -63,22 +64,12 @@ RETAINED_ONLY_LATEST = ("trainer_state.pt", "sharded/")
 _VERIFIED: set[tuple] = set()  # (marker, each file's size and mtime): hashed once per process
 
 
-def sha256_of(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def directory_checksums(directory: Path) -> dict[str, str]:
     """sha256 of every file below ``directory`` by its relative POSIX path, except the COMPLETE
     marker that carries them (what ``save_checkpoint`` records, as safetensors' and orbax's
     checkpoints carry theirs)."""
     return {
-        f.relative_to(directory).as_posix(): sha256_of(f)
+        f.relative_to(directory).as_posix(): sha256_file(f)
         for f in sorted(directory.rglob("*"))
         if f.is_file() and f.relative_to(directory).as_posix() != COMPLETE
     }
@@ -100,7 +91,8 @@ def checksum_mismatch(directory: Path) -> tuple[Path, str] | None:
     stats = []
     for f in sorted(Path(directory).rglob("*")):
         with contextlib.suppress(OSError):
-            stats.append((str(f), f.stat().st_size, f.stat().st_mtime_ns))
+            st = f.stat()
+            stats.append((str(f), st.st_size, st.st_mtime_ns))
     key = (str(marker.resolve()), tuple(stats))
     if key in _VERIFIED:
         return None
@@ -110,7 +102,7 @@ def checksum_mismatch(directory: Path) -> tuple[Path, str] | None:
             if rel.startswith(RETAINED_ONLY_LATEST):
                 continue
             return path, "missing (it was there when the checkpoint was written)"
-        got = sha256_of(path)
+        got = sha256_file(path)
         if got != want:
             return path, (
                 f"changed since the checkpoint was written: sha256 {got[:12]}..., recorded {want[:12]}...; "

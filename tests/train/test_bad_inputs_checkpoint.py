@@ -89,7 +89,8 @@ def test_a_damaged_checkpoint_file_is_named_with_the_fix(tmp_path, trained, name
 
 def test_the_checkpoint_records_every_files_sha256_and_evaluation_verifies_it(tmp_path, trained):
     from aggbench.evaluation.generate import require_checkpoint
-    from aggbench.modeldir import ModelDirError, sha256_of
+    from aggbench.files import sha256_file
+    from aggbench.modeldir import ModelDirError
 
     _, src = trained
     run = tmp_path / "run"
@@ -98,7 +99,7 @@ def test_the_checkpoint_records_every_files_sha256_and_evaluation_verifies_it(tm
     recorded = json.loads((step_dir / COMPLETE).read_text())
     files = sorted(f.relative_to(step_dir).as_posix() for f in step_dir.rglob("*") if f.is_file())
     assert recorded["step"] == 1 and sorted(recorded["sha256"]) == [f for f in files if f != COMPLETE]
-    assert recorded["sha256"][STATE_FILE] == sha256_of(step_dir / STATE_FILE)
+    assert recorded["sha256"][STATE_FILE] == sha256_file(step_dir / STATE_FILE)
     assert require_checkpoint(step_dir) == step_dir.resolve()  # intact
     (step_dir / STATE_FILE).unlink()  # what retention removes from older steps: allowed
     require_checkpoint(step_dir)

@@ -30,7 +30,7 @@ from typing import Any
 
 from aggbench.data.jsonl import DataError, iter_jsonl
 from aggbench.data.sources import DataUnavailableError
-from aggbench.files import atomic_writer, write_atomic
+from aggbench.files import atomic_writer, sha256_file, write_atomic
 
 LOCK_NAME = "lock.json"
 LOCK_FORMAT = 1
@@ -88,14 +88,6 @@ def read_lock(root: str | Path) -> dict[str, dict[str, Any]]:
 def _write_lock(root: Path, entries: dict[str, dict[str, Any]]) -> None:
     body = {"format": LOCK_FORMAT, "benchmarks": dict(sorted(entries.items()))}
     write_atomic(lock_file(root), json.dumps(body, indent=2) + "\n")
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _refetch_hint(name: str, root: Path) -> str:
