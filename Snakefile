@@ -55,4 +55,4 @@ include: "workflow/rules/report.smk"
 rule all:
     default_target: True
     input:
-        report_outputs(),
+        kept_files(),

@@ -49,7 +49,7 @@ INTERNAL: dict[str, str] = {  # class: why it is not bad input
     "adapter or a plugin, so under the command line it means a bug",
     "GradingTimeout": "control flow inside the math grader's deadline",
     "InputTimeout": "control flow inside the sandboxed child",
-    "Terminated": "SIGTERM as a SystemExit (exit status 143) inside tracking's run status",
+    "Terminated": "SIGTERM as a SystemExit (exit status 143) inside the trainer's run status (train/run_status.py)",
 }
 
 

@@ -98,3 +98,13 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def relative_to_file(target: str | Path, written: str | Path) -> str:
+    """``target`` as a run file at ``written`` stores it: relative to that file's folder when it is a
+    local path, so a copied or moved results directory resolves it to its own files (issue 26);
+    anything else (a hub id such as ``Qwen/Qwen3-1.7B``) as given."""
+    target = Path(target)
+    if not target.exists():
+        return str(target)
+    return os.path.relpath(target.resolve(), Path(written).resolve().parent)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import difflib
 import itertools
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ from typing import Any
 import yaml
 
 from aggbench.errors import InputError
-from aggbench.layout import cell_id
+from aggbench.layout import RUNS, cell_id, experiment_file
+
+log = logging.getLogger(__name__)
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "experiment.schema.yaml"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -51,6 +54,22 @@ def load_experiment(path: str | Path) -> dict:
     exp = read_yaml_mapping(path, what="experiment config", error=GridError)
     # A plugin may sit beside its config, as under Snakemake (the Snakefile adds the config's folder).
     validate_experiment(exp, search_paths=[path.resolve().parent])
+    return _results_here(path, exp)
+
+
+def _results_here(path: Path, exp: dict) -> dict:
+    """A results directory's own experiment.yaml (the workflow writes it there) names the directory
+    it lies in: a copied results directory (``cp -a results /project/results``) holds the original's
+    ``results_dir``, and reading it so would make ingest and report write into the original."""
+    here = path.resolve().parent
+    if path.name != experiment_file(".").name or not (here / RUNS).is_dir():
+        return exp
+    named = results_dir(exp).resolve()
+    if named != here:
+        log.warning(
+            "%s: results_dir %s is not the directory of this file (a copy); using %s", path, named, here
+        )
+        exp = {**exp, "results_dir": str(here)}
     return exp
 
 

@@ -15,6 +15,8 @@
                                                         (commit, versions, config hash, rule identity)
     {results}/runs/{cell}/checkpoints/step_{N}/COMPLETE a committed checkpoint (written last)
     {results}/runs/{cell}/segments/step_{N}.done        the train segment that ends at N finished
+    {results}/runs/{cell}/segments/restart_from_step_{S}.stamp  a retrain from step S (the segments
+                                                        after S are retrained one by one: restart_step)
     {results}/runs/{cell}/samples/step_{N}/{bench}.jsonl
     {results}/runs/{cell}/eval/step_{N}/{bench}.jsonl (+ .metrics.json)
     {results}/runs/{cell}/{samples,eval}/step_{N}/greedy/...  the greedy n=1 protocol (evaluation.greedy)
@@ -33,6 +35,7 @@ from pathlib import Path
 
 RUNS, BASE, CHECKPOINTS = "runs", "base", "checkpoints"
 COMPLETE = "COMPLETE"  # written last inside a checkpoint directory
+STATE_FILE = "trainer_state.pt"  # a checkpoint a run can resume from holds it (retention drops it)
 # The greedy n=1 protocol's samples and grades (evaluation.greedy): a subfolder of the step's own
 GREEDY = "greedy"
 METRICS_SUFFIX = ".metrics.json"
@@ -181,6 +184,45 @@ def complete_steps(run: str | Path) -> list[int]:
     return sorted(
         step for d in root.iterdir() if (step := step_of(d.name)) is not None and (d / COMPLETE).exists()
     )
+
+
+def latest_resumable(run: str | Path) -> int | None:
+    """The latest complete checkpoint that holds trainer state, or None (start from step 0)."""
+    for step in reversed(complete_steps(run)):
+        if (checkpoint_dir(run, step) / STATE_FILE).exists():
+            return step
+    return None
+
+
+def restart_stamp(run: str | Path, step: int | str) -> Path:
+    """The file a retrain from checkpoint ``step`` creates (workflow/rules/train.smk, rule restart)."""
+    return Path(run) / "segments" / f"restart_from_{step_name(step)}.stamp"
+
+
+def restart_stamps(run: str | Path) -> list[int]:
+    """Steps of the retrains recorded in ``run`` (their stamps), ascending."""
+    found = Path(run).glob("segments/restart_from_step_*.stamp")
+    return sorted(
+        int(m.group(1)) for p in found if (m := re.fullmatch(r"restart_from_step_(\d+)\.stamp", p.name))
+    )
+
+
+def restart_step(run: str | Path, segment_ends: list[int]) -> int | None:
+    """The step a retrain of ``run`` starts from when it would discard finished segments, else None.
+
+    ``segment_ends``: the run's checkpoint steps, where its train segments end. The first segment
+    whose marker is missing trains from the latest resumable checkpoint; when that is earlier than
+    the segment's own start (its checkpoint was deleted, and retention had already dropped the
+    trainer state of the earlier ones), the finished segments after that checkpoint describe an
+    attempt the retrain discards, so they must be trained again, one by one (a segment fits its
+    walltime; 0 -> N in one job would not). None: nothing is discarded.
+    """
+    ends = sorted(segment_ends)
+    missing = [i for i, n in enumerate(ends) if not segment_marker(run, n).exists()]
+    if not missing or missing[0] == 0:
+        return None
+    start = latest_resumable(run) or 0
+    return start if start < ends[missing[0] - 1] else None
 
 
 def run_of_checkpoint(checkpoint: str | Path) -> tuple[Path, int] | None:

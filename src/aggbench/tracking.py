@@ -19,7 +19,8 @@ Run status (a run is never left RUNNING by a process that could still say how it
 * SIGTERM (what SLURM and Snakemake send) marks it KILLED, and so does Ctrl-C; any other exception
   marks it FAILED; the process then exits non-zero (143 for SIGTERM) or the exception propagates.
   A SIGKILL, an out-of-memory kill or a crash-test fault leaves it RUNNING: nothing can run then.
-  The next segment (the resume) sets RUNNING again, and FINISHED at the end.
+  The next segment (the resume) sets RUNNING again, and FINISHED at the end. (The trainer's
+  ``aggbench.train.run_status`` does this.)
 * A base model's run (``{model}__base``, step-0 evaluation) is FINISHED as soon as its metrics
   are logged; the report's summary run once its artifacts are. ``aggbench ingest`` marks a cell
   FINISHED when its files hold the last step (and SCHEDULED if it created the run for a cell still
@@ -45,16 +46,14 @@ import math
 import os
 import posixpath
 import shutil
-import signal
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlparse
 
-from aggbench.files import write_atomic
+from aggbench.files import relative_to_file, write_atomic
 from aggbench.provenance import tag_value
 
 SENTINEL = "train/step"
@@ -275,7 +274,7 @@ class MlflowRun:
     def _find_or_create(self) -> str:
         marker = None if self.run_dir is None else self.run_dir / "mlflow_run.json"
         saved = _read_marker(marker) if marker is not None else None
-        if saved is not None and saved.get("tracking_uri") == self.uri and self._alive(saved["run_id"]):
+        if saved is not None and _same_store(saved, self.uri, marker) and self._alive(saved["run_id"]):
             return saved["run_id"]
         found = self.client.search_runs(
             [self.experiment_id], filter_string=f"tags.`aggbench.cell_id` = '{self.cell_id}'", max_results=5
@@ -289,7 +288,7 @@ class MlflowRun:
             )
             run_id = run.info.run_id
         if marker is not None:  # atomic: a crash never leaves a torn marker
-            write_atomic(marker, json.dumps({"tracking_uri": self.uri, "run_id": run_id}))
+            write_atomic(marker, json.dumps({**_store_record(self.uri, marker), "run_id": run_id}))
         return run_id
 
     def _alive(self, run_id: str) -> bool:
@@ -448,53 +447,19 @@ def _local_path(uri: str) -> Path | None:
     return None
 
 
-class Terminated(SystemExit):
-    """Raised in the main thread by SIGTERM inside ``run_status``: cleanup (``finally``) runs, and
-    uncaught it exits the process with status 128 + SIGTERM = 143, as the default action reports."""
+def _store_record(uri: str, marker: Path) -> dict[str, str]:
+    """mlflow_run.json's record of the store: a SQLite file as a path relative to the marker's folder
+    (``store``), so a copied results directory finds its own store's run; a server by its URI."""
+    if uri.startswith("sqlite:///"):
+        return {"store": relative_to_file(uri[len("sqlite:///") :], marker)}
+    return {"tracking_uri": uri}
 
 
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises ``Terminated`` inside the block (main thread only: elsewhere Python cannot
-    install handlers); a second SIGTERM gets the previous handler (by default: dies at once)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    previous = signal.SIG_DFL if previous is None else previous  # installed outside Python
-
-    def handler(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, previous)
-        raise Terminated(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def run_status(run: MlflowRun | None, done: str) -> Iterator[None]:
-    """The run is RUNNING inside the block and ``done`` after it; KILLED on SIGTERM or Ctrl-C,
-    FAILED on any other exception, which propagates (the module docstring's policy). ``run=None``:
-    nothing is tracked; SIGTERM still raises ``Terminated`` (cleanup runs, exit status 143)."""
-    if run is None:
-        with _sigterm_raises():
-            yield
-        return
-    run.set_status("RUNNING")
-    with _sigterm_raises():
-        try:
-            yield
-        except BaseException as exc:
-            ended = "KILLED" if isinstance(exc, Terminated | KeyboardInterrupt) else "FAILED"
-            try:
-                run.set_status(ended)
-            except Exception as mlflow_exc:  # the original error matters more than the status
-                log.warning("could not mark MLflow run %s %s: %s", run.run_id, ended, mlflow_exc)
-            raise
-    run.set_status(done)
+def _same_store(saved: dict[str, Any], uri: str, marker: Path) -> bool:
+    if "store" in saved:
+        here = (marker.parent / saved["store"]).resolve()
+        return uri.startswith("sqlite:///") and here == Path(uri[len("sqlite:///") :]).resolve()
+    return saved.get("tracking_uri") == uri  # a marker written before the relative record
 
 
 def _read_marker(path: Path) -> dict[str, Any] | None:

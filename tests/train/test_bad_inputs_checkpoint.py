@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from aggbench.config import load_train_config
-from aggbench.layout import COMPLETE, checkpoint_dir
+from aggbench.layout import COMPLETE, STATE_FILE, checkpoint_dir
 from aggbench.train import parallel
-from aggbench.train.checkpoint import SHARDED_DIR, STATE_FILE, CheckpointError, check_readable, reading
+from aggbench.train.checkpoint import SHARDED_DIR, CheckpointError, check_readable, reading
 from aggbench.train.loop import train
 from helpers.trainer_support import train_config, write_cell
 

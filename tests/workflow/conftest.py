@@ -240,6 +240,23 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """The smoke DAG run once, exactly as `snakemake --cores 2` runs it, results in a temp dir:
+    (results, wall seconds, the finished process). Tests that change files work on a copy."""
+    import time
+
+    from helpers.smoke_dag import SMOKE_TIMEOUT_S
+
+    results = tmp_path_factory.mktemp("smoke") / "results"
+    t0 = time.monotonic()
+    proc = run(["--cores", "2", "--config", f"results_dir={results}"], timeout=SMOKE_TIMEOUT_S)
+    wall = time.monotonic() - t0
+    print(f"\nsmoke DAG: {wall:.0f} s wall on this machine")
+    (results / "smoke_wall_seconds.txt").write_text(f"{wall:.1f}\n")
+    return results, wall, proc
+
+
+@pytest.fixture(scope="session")
 def wf():
     """The helpers above, for the test modules (a conftest cannot be imported by name)."""
     import types

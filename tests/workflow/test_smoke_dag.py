@@ -18,28 +18,16 @@ import csv
 import json
 import math
 import re
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from aggbench import golden
+from helpers.smoke_dag import SMOKE_MARKS
 
-HARD_TIMEOUT_S = 40 * 60  # a hang, not a slow machine (benchmarks/smoke_dag.py measures the time)
-# pyproject's 600 s per-test timeout would cut the run short: the fixture's run has its own
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(HARD_TIMEOUT_S + 300)]
-
-
-@pytest.fixture(scope="module")
-def smoke_run(wf, tmp_path_factory):
-    results = tmp_path_factory.mktemp("smoke") / "results"
-    t0 = time.monotonic()
-    proc = wf.run(["--cores", "2", "--config", f"results_dir={results}"], timeout=HARD_TIMEOUT_S)
-    wall = time.monotonic() - t0
-    print(f"\nsmoke DAG: {wall:.0f} s wall on this machine")
-    (results / "smoke_wall_seconds.txt").write_text(f"{wall:.1f}\n")
-    return results, wall, proc
+# the run is conftest.py's session fixture smoke_run, shared with test_missing_files.py
+pytestmark = SMOKE_MARKS
 
 
 def _cells(wf) -> list[str]:
@@ -362,3 +350,29 @@ def _in_copy(wf, copy: Path, monkeypatch, command, *args: str) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     res = CliRunner().invoke(command, ["--config", str(config), *args], catch_exceptions=False)
     assert res.exit_code == 0, res.output
+
+
+def test_run_files_record_paths_relative_to_the_results_directory(wf, smoke_run):
+    """Issue 26, item 1: what the jobs record (generation.json's checkpoint, each metrics file's
+    samples, mlflow_run.json's store) names files relative to itself, so a copy resolves to its own;
+    before, they held this results directory's absolute path. (cell.yaml holds the paths as the
+    config gives them: the embedded default's results_dir is relative.)"""
+    results, _, _ = smoke_run
+    here = str(results.resolve())
+    records = [p for d in ("runs", "base") for p in (results / d).rglob("*.json*") if p.is_file()]
+    holding = sorted(str(p.relative_to(results)) for p in records if here in p.read_text())
+    assert records and not holding, holding[:10]
+    cell = _cells(wf)[0]
+    run = results / "runs" / cell
+    generation = json.loads((run / "samples" / "step_4" / "generation.json").read_text())
+    assert (run / "samples" / "step_4" / generation["checkpoint"]).resolve() == (
+        run / "checkpoints" / "step_4"
+    ).resolve()
+    metrics = json.loads((run / "eval" / "step_4" / "tiny_test.metrics.json").read_text())
+    assert (run / "eval" / "step_4" / metrics["samples"]).resolve() == (
+        run / "samples" / "step_4" / "tiny_test.jsonl"
+    ).resolve()
+    marker = json.loads((run / "mlflow_run.json").read_text())
+    assert (run / marker["store"]).resolve() == (
+        results / "mlflow.db"
+    ).resolve() and "tracking_uri" not in marker

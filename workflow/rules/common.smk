@@ -2,6 +2,7 @@
 # paths of everything the workflow writes, each rule's resources, and the environment of jobs.
 # The config is already validated when this file is included (see the Snakefile).
 
+import functools
 import hashlib
 import json
 import os
@@ -148,6 +149,10 @@ def segment_marker(cell, step):
     return str(layout.segment_marker(layout.run_dir(R, cell), step))
 
 
+def restart_stamp(cell, step):
+    return str(layout.restart_stamp(layout.run_dir(R, cell), step))
+
+
 def checkpoint_of(cell, step):
     return str(layout.checkpoint_dir(layout.run_dir(R, cell), step))
 
@@ -211,6 +216,36 @@ def report_outputs():
     if GREEDY:
         out += [str(layout.greedy_dir(layout.tables_dir(R)) / name) for name in TABLES]
     return out
+
+
+def local_store():
+    """The MLflow store's SQLite file when it is one (the embedded default, results/mlflow.db, or a
+    sqlite:/// tracking_uri), else None (a tracking server: not a file of this workflow)."""
+    uri = config.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return f"{R}/mlflow.db"
+    return uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else None
+
+
+def kept_files():
+    """The default target: the report, and every file it was built from that has gone missing.
+
+    Snakemake regenerates a missing input of a job only when that job reruns, and a missing input
+    does not make the report rerun: without this, deleting an evaluation, a segment marker (with its
+    checkpoint) or the store gave "Nothing to be done" while the tables still described them. The
+    files a rerun cannot take from elsewhere are watched: segment markers, graded samples and
+    metrics, and the store once a report was made from it (a first run's trainers create the store
+    before the report runs). Only the missing ones are listed, so the job's printout stays short."""
+    watched = train_markers()
+    for c in CELLS.values():
+        for s in EVAL_STEPS[c.model]:
+            watched += [f for b in BENCHMARKS for f in grade_files(run_dir(c.id), s, b).values()]
+    if BASE_EVAL:
+        watched += [f for m in MODELS for b in BENCHMARKS for f in grade_files(base_dir(m), 0, b).values()]
+    store = local_store()
+    if store and any(Path(f).exists() for f in report_outputs()):
+        watched.append(store)
+    return report_outputs() + [f for f in watched if not Path(f).exists()]
 
 
 def report_plots():

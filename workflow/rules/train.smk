@@ -8,10 +8,19 @@
 # Snakemake deletes the declared outputs of a failed job, which must never be a checkpoint. The
 # trainer itself resumes from the latest complete checkpoint, writes checkpoints atomically, and
 # holds a lock on the run directory.
+#
+# A retrain stays segment by segment. When a finished segment's marker and checkpoint are deleted
+# (a corrupt checkpoint, say), the trainer restarts from the latest checkpoint that still holds
+# trainer state, often step 0 (retention keeps it in the latest one only). The segments after that
+# step describe the attempt the restart discards, so they are trained again, one job each: rule
+# restart writes segments/restart_from_step_S.stamp, and every segment after S takes the stamp as
+# input, which Snakemake's own mtime rule then reruns in order. A stamp stays an input of those
+# segments afterwards, so nothing reruns twice (the set of input files does not change).
 
 
 def train_inputs(wildcards):
-    """The previous segment's marker, or (first segment) the model and the data."""
+    """The previous segment's marker, or (first segment) the model and the data; and the stamps of
+    the retrains from a step before this segment's end (recorded, or about to start)."""
     model = model_of_cell(wildcards)
     steps = CHECKPOINT_STEPS[model]
     step = int(wildcards.step)
@@ -21,8 +30,22 @@ def train_inputs(wildcards):
         )
     i = steps.index(step)
     if i > 0:
-        return {"previous": segment_marker(wildcards.cell, steps[i - 1])}
-    return {"model": model_dir(model), "data": data_file(CELLS[wildcards.cell].dataset)}
+        out = {"previous": segment_marker(wildcards.cell, steps[i - 1])}
+    else:
+        out = {"model": model_dir(model), "data": data_file(CELLS[wildcards.cell].dataset)}
+    restarts = [s for s in restarts_of(wildcards.cell) if s < step]
+    if restarts:
+        out["restarts"] = [restart_stamp(wildcards.cell, s) for s in restarts]
+    return out
+
+
+@functools.cache
+def restarts_of(cell):
+    """Steps of this cell's retrains: the recorded ones and, when one is due now, its step
+    (aggbench.layout.restart_step). Computed once per Snakemake invocation."""
+    run = layout.run_dir(R, cell)
+    due = layout.restart_step(run, CHECKPOINT_STEPS[CELLS[cell].model])
+    return sorted(set(layout.restart_stamps(run)) | ({due} if due is not None else set()))
 
 
 def train_launcher(wildcards, threads):
@@ -36,6 +59,25 @@ def train_launcher(wildcards, threads):
         f"OMP_NUM_THREADS={max(1, int(threads) // gpus)} "
         f"torchrun --standalone --nproc_per_node {gpus} -m aggbench.cli"
     )
+
+
+localrules:
+    restart,
+
+
+rule restart:
+    """Record a retrain from checkpoint step S: every later segment takes this stamp as input."""
+    output:
+        restart_stamp("{cell}", "{step}"),
+    log:
+        f"{R}/logs/restart/{{cell}}/step_{{step}}.log",
+    run:
+        why = (
+            f"{wildcards.cell}: retrain from step {wildcards.step}; the finished segments after it are "
+            "trained again, one job each (their checkpoints belonged to the attempt this discards)\n"
+        )
+        write_text_atomic(output[0], why)
+        Path(log[0]).write_text(why)
 
 
 rule train:

@@ -63,7 +63,7 @@ def evaluate_checkpoint(
             progress=options.progress,
         )
     result: dict[str, Any] = {
-        "checkpoint": generation["checkpoint"],
+        "checkpoint": str(checkpoint),
         "step": int(step),
         "samples_dir": str(samples_dir.resolve()),
         "metrics": metrics,

@@ -37,12 +37,14 @@ from aggbench.evaluation.score import (
     write_json,
     write_jsonl,
 )
+from aggbench.files import relative_to_file
 from aggbench.layout import GREEDY, greedy_dir
 
 log = logging.getLogger(__name__)
 
 # How many times this process has loaded a model for generation (generation.json records it).
 MODEL_LOADS = 0
+GENERATION_FILE = "generation.json"
 # Pool verdicts that say the grader did not judge the answer (used to pick a majority vote's verdict).
 
 
@@ -282,7 +284,8 @@ def generate_benchmarks(
             specs, records, engine, model, tokenizer, greedy_options(options), context, greedy_dir(out_dir)
         )
     info = {
-        "checkpoint": str(checkpoint),
+        # relative to this file when a local directory (a copied results directory stays whole)
+        "checkpoint": relative_to_file(checkpoint, Path(out_dir) / GENERATION_FILE),
         "engine": options.engine,
         "device": resolve_device(options.device) if options.engine == "hf" else f"vllm ({_vllm_device()})",
         "dtype": resolve_dtype(
@@ -298,7 +301,7 @@ def generate_benchmarks(
         "versions": _versions(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write_json(Path(out_dir) / "generation.json", info)
+    write_json(Path(out_dir) / GENERATION_FILE, info)
     return info
 
 

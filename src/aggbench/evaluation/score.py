@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aggbench.errors import InputError
-from aggbench.files import write_atomic
+from aggbench.files import relative_to_file, write_atomic
 from aggbench.metric_names import parse as parse_metric
 
 _NOT_JUDGED = ("timeout", "worker_crashed", "error")
@@ -204,7 +204,8 @@ def score_benchmark(
         "grader": grader,
         **metrics,
         "grading_s": round(time.perf_counter() - t0, 3),
-        "samples": str(Path(samples_path).resolve()),
+        # relative to the metrics file (a copied results directory reads its own samples)
+        "samples": relative_to_file(samples_path, metrics_path(out_path)),
     }
     if entry.record == "answer":  # the grader-disagreement ledger (aggbench.grading.ledger)
         from aggbench.grading.ledger import counts

@@ -36,10 +36,16 @@ import torch
 from aggbench.config_errors import ConfigError
 from aggbench.errors import InputError
 from aggbench.files import disk_full
-from aggbench.layout import COMPLETE, checkpoint_dir, checkpoints_root, complete_steps, rule_file
+from aggbench.layout import (
+    COMPLETE,
+    STATE_FILE,
+    checkpoint_dir,
+    checkpoints_root,
+    complete_steps,
+    rule_file,
+)
 from aggbench.modeldir import ModelDirError, checksum_mismatch, directory_checksums, loading, weights_problem
 
-STATE_FILE = "trainer_state.pt"
 SHARDED_DIR = "sharded"
 
 
@@ -90,14 +96,6 @@ class RunLock:
             fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
             self._fh.close()
             self._fh = None
-
-
-def latest_resumable(run_dir: Path) -> int | None:
-    """The latest complete checkpoint that holds trainer state, or None (start from step 0)."""
-    for step in reversed(complete_steps(run_dir)):
-        if (checkpoint_dir(run_dir, step) / STATE_FILE).exists():
-            return step
-    return None
 
 
 def unreadable(run_dir: Path, step: int, path: Path, why: str) -> CheckpointError:

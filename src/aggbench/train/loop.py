@@ -57,9 +57,10 @@ from aggbench.data.training import read_training_records
 from aggbench.files import disk_full, write_atomic, written_file
 from aggbench.modeldir import loading, require_positions, require_weights
 from aggbench.provenance import record_tags, run_tags
-from aggbench.tracking import MetricsLog, MlflowRun, Terminated, resolve_tracking_uri, run_status
+from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri
 from aggbench.train import batching, checkpoint, parallel, prompt_fit, step_log
 from aggbench.train.parallel import Ranks
+from aggbench.train.run_status import Terminated, run_status
 from aggbench.train.sampling import Sampler
 from aggbench.train.scoring import Scoring
 from aggbench.train.step import Segment, run_step
@@ -123,7 +124,7 @@ def train(
     out, a = Path(out_dir), cfg.algorithm
     # bad input fails here, on every rank, before the run directory, its lock or a model exist
     plugin_files, rule, estimator = _resolve(cfg)
-    start = checkpoint.latest_resumable(out) or 0
+    start = layout.latest_resumable(out) or 0
     if start:
         check_resume(out, cfg, allow_change=allow_config_change)
         checkpoint.check_rule_version(out, rule)
@@ -183,7 +184,7 @@ def open_tracker(cfg: TrainConfig, out: Path, *, allow_change: bool = False) -> 
         raise resume_refused(where, diff, fix)
     tracker.log_params(params)  # those the run lacks: a changed value is never sent
     if diff:
-        start = checkpoint.latest_resumable(out) or 0
+        start = layout.latest_resumable(out) or 0
         log.warning("%s: MLflow params kept; changed: %s", cfg.resolved_cell_id, "; ".join(diff))
         tags["aggbench.config_changes"] = f"at step {start}: " + "; ".join(diff)
         record_tags(
@@ -198,7 +199,7 @@ def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: Ra
     tracker = None
     if cfg.tracking.enabled and ranks.main:  # before config.resolved.yaml is rewritten
         tracker = open_tracker(cfg, out, allow_change=prep.allow_change)
-    reached = max(checkpoint.latest_resumable(out) or 0, last)
+    reached = max(layout.latest_resumable(out) or 0, last)
     try:
         with run_status(tracker, "FINISHED" if reached >= cfg.algorithm.total_steps else "SCHEDULED"):
             return _train_segment(cfg, out, last, quiet, ranks, prep, tracker)
@@ -208,7 +209,7 @@ def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: Ra
         raise
     except (Terminated, KeyboardInterrupt) as exc:
         if ranks.main:
-            resume = checkpoint.latest_resumable(out) or 0
+            resume = layout.latest_resumable(out) or 0
             log.error(
                 "%s: terminated by %s (a walltime limit, scancel or Snakemake stop it so)%s; rerun the same "
                 "command to resume from step %d (%s)",
@@ -226,7 +227,7 @@ def _disk_full(cfg: TrainConfig, out: Path, exc: BaseException) -> checkpoint.Di
     failure written to the run files where space allows (the next ingest marks the MLflow run
     FAILED from it when the store could not be written now), and where a rerun resumes."""
     checkpoint.clean_partial(out)
-    resume = checkpoint.latest_resumable(out) or 0
+    resume = layout.latest_resumable(out) or 0
     file = written_file(exc) or str(out)
     line = (
         f"no space left on device while writing {file}; free space and rerun: training resumes from step "
@@ -266,7 +267,7 @@ def _train_segment(
         checkpoint.clean_partial(out)
     ranks.barrier()
     # ---- resume point: the latest complete checkpoint with trainer state
-    start = checkpoint.latest_resumable(out) or 0
+    start = layout.latest_resumable(out) or 0
     if start >= last:
         log.info("%s: already at step %d (asked for %d); nothing to do", cfg.resolved_cell_id, start, last)
         return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": start}

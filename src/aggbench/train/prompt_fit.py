@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from aggbench.data.jsonl import DataError
-from aggbench.files import write_atomic
+from aggbench.files import relative_to_file, write_atomic
 from aggbench.prompts import overlong_prompts
 
 log = logging.getLogger(__name__)
@@ -120,5 +120,7 @@ def fit_training_records(
     if report_to is not None:
         if fit.dropped:
             log.warning("%s: %s", cfg.dataset.path, fit.summary())
-        write_report(report_to, fit, data=str(cfg.dataset.path), tokenizer=str(cfg.model.path))
+        # relative to the report (a copied results directory names its own files)
+        where = {"data": cfg.dataset.path, "tokenizer": cfg.model.path}
+        write_report(report_to, fit, **{k: relative_to_file(v, report_to) for k, v in where.items()})
     return fit.kept

@@ -52,8 +52,8 @@ import torch.distributed as dist
 
 from aggbench.config import TrainConfig
 from aggbench.config_errors import ConfigError
-from aggbench.layout import checkpoint_dir
-from aggbench.train.checkpoint import STATE_FILE, RunLock, RunLockedError, reading, save_checkpoint
+from aggbench.layout import STATE_FILE, checkpoint_dir
+from aggbench.train.checkpoint import RunLock, RunLockedError, reading, save_checkpoint
 
 
 @dataclass
