@@ -51,6 +51,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("aggbench.cli.report:report_command", "Peak and last-step tables and plots from MLflow."),
     "crosscheck": ("aggbench.cli.crosscheck", "Cross-check generations and verdicts with lm-eval."),
     "plan": ("aggbench.cli.plan", "Cost of a grid before submitting: GPU-hours, memory per GPU, jobs."),
+    "power": ("aggbench.cli.power", "Seeds needed to detect a difference between two rules (paired t)."),
     "probe": (
         "aggbench.cli.probe",
         "Contamination probe: exact-match rate of a model completing each problem from its first 60%.",
