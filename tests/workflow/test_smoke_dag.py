@@ -376,3 +376,29 @@ def test_run_files_record_paths_relative_to_the_results_directory(wf, smoke_run)
     assert (run / marker["store"]).resolve() == (
         results / "mlflow.db"
     ).resolve() and "tracking_uri" not in marker
+
+
+def test_every_compute_job_leaves_its_wall_time_and_the_breakdown_reads_them(wf, smoke_run, capsys):
+    """benchmarks/cell_time.py (issue 27, item 5's measurement) on the smoke run: one benchmark file per
+    compute job, and the train jobs' time split into steps and what lies outside them."""
+    import importlib.util
+
+    results, _, _ = smoke_run
+    spec = importlib.util.spec_from_file_location("cell_time", wf.REPO / "benchmarks" / "cell_time.py")
+    cell_time = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cell_time)
+    walls = cell_time.job_walls(results)
+    counts = {kind: len(jobs) for kind, jobs in walls.items()}
+    assert counts == {
+        "prepare_model": 1,
+        "train": 9,
+        "generate": 9,
+        "generate_base": 1,
+        "grade": 9,
+        "grade_base": 1,
+        "report": 1,
+    }
+    gen, upd, outside = cell_time.train_split(results, walls["train"])
+    assert gen > 0 and upd > 0 and gen + upd + outside == pytest.approx(sum(w for _, w in walls["train"]))
+    cell_time.main([str(results)])
+    assert "outside steps" in capsys.readouterr().out

@@ -46,6 +46,8 @@ rule generate:
         _samples(samples_of(run_dir("{cell}"), "{step}")),
     log:
         f"{R}/logs/generate/{{cell}}/step_{{step}}.log",
+    benchmark:  # the job's wall time, CPU time and peak memory (benchmarks/cell_time.py)
+        f"{R}/logs/generate/{{cell}}/step_{{step}}.times.tsv",
     params:
         checkpoint=lambda wildcards: checkpoint_of(wildcards.cell, wildcards.step),
         out=lambda wildcards: samples_of(run_dir(wildcards.cell), wildcards.step),
@@ -69,6 +71,8 @@ rule generate_base:
         _samples(samples_of(base_dir("{model}"), 0)),
     log:
         f"{R}/logs/generate_base/{{model}}.log",
+    benchmark:  # the job's wall time, CPU time and peak memory (benchmarks/cell_time.py)
+        f"{R}/logs/generate_base/{{model}}.times.tsv",
     params:
         out=lambda wildcards: samples_of(base_dir(wildcards.model), 0),
         benchmarks=",".join(BENCHMARKS),
@@ -90,6 +94,8 @@ rule grade:
         **grade_files(run_dir("{cell}"), "{step}", "{bench}"),
     log:
         f"{R}/logs/grade/{{cell}}/step_{{step}}/{{bench}}.log",
+    benchmark:  # the job's wall time, CPU time and peak memory (benchmarks/cell_time.py)
+        f"{R}/logs/grade/{{cell}}/step_{{step}}/{{bench}}.times.tsv",
     threads: rule_threads("grade", model_of_cell)
     resources:
         **rule_resources("grade", model_of_cell),
@@ -105,6 +111,8 @@ rule grade_base:
         **grade_files(base_dir("{model}"), 0, "{bench}"),
     log:
         f"{R}/logs/grade_base/{{model}}/{{bench}}.log",
+    benchmark:  # the job's wall time, CPU time and peak memory (benchmarks/cell_time.py)
+        f"{R}/logs/grade_base/{{model}}/{{bench}}.times.tsv",
     threads: rule_threads("grade_base", model_of_wildcard)
     resources:
         **rule_resources("grade_base", model_of_wildcard),

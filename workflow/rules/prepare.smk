@@ -20,6 +20,8 @@ rule prepare_model:
         directory(model_dir("{model}")),
     log:
         f"{R}/logs/prepare_model/{{model}}.log",
+    benchmark:  # the job's wall time, CPU time and peak memory (benchmarks/cell_time.py)
+        f"{R}/logs/prepare_model/{{model}}.times.tsv",
     params:
         args=lambda wildcards: prepare_model_args(wildcards.model),
     threads: 2  # the tiny model's warm start (torch CPU threads); a hub download ignores it

@@ -17,6 +17,8 @@ rule report:
         [update(f) for f in [local_store()] if f],
     log:
         f"{R}/logs/report.log",
+    benchmark:  # the job's wall time, CPU time and peak memory (benchmarks/cell_time.py)
+        f"{R}/logs/report.times.tsv",
     params:
         out=str(layout.tables_dir(R)),
     threads: rule_threads("report")

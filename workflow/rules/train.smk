@@ -90,6 +90,8 @@ rule train:
         touch(segment_marker("{cell}", "{step}")),
     log:
         f"{R}/logs/train/{{cell}}/step_{{step}}.log",
+    benchmark:  # the job's wall time, CPU time and peak memory (benchmarks/cell_time.py)
+        f"{R}/logs/train/{{cell}}/step_{{step}}.times.tsv",
     params:
         run_dir=lambda wildcards: run_dir(wildcards.cell),
         launch=train_launcher,
