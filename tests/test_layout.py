@@ -87,7 +87,7 @@ def test_a_retrain_that_discards_finished_segments_is_due_from_the_latest_resuma
     _segments(marker_only, markers=[4, 8], checkpoints={12: True})
     assert layout.restart_step(marker_only, ends) is None
     # recorded retrains are listed in order, from their stamps
-    for s in (8, 0):
-        layout.restart_stamp(deleted, s).write_text("")
-    assert layout.restart_stamps(deleted) == [0, 8]
+    for k, s in ((2, 0), (1, 8), (10, 0)):
+        layout.restart_stamp(deleted, k, s).write_text("")
+    assert layout.restart_stamps(deleted) == [(1, 8), (2, 0), (10, 0)]  # numeric order of k
     assert layout.restart_stamps(fresh) == []

@@ -15,8 +15,9 @@
                                                         (commit, versions, config hash, rule identity)
     {results}/runs/{cell}/checkpoints/step_{N}/COMPLETE a committed checkpoint (written last)
     {results}/runs/{cell}/segments/step_{N}.done        the train segment that ends at N finished
-    {results}/runs/{cell}/segments/restart_from_step_{S}.stamp  a retrain from step S (the segments
-                                                        after S are retrained one by one: restart_step)
+                                                        (holds checkpoint N's COMPLETE record)
+    {results}/runs/{cell}/segments/restart_{K}_from_step_{S}.stamp  the K-th retrain, from step S (the
+                                                        segments after S retrained one by one: restart_step)
     {results}/runs/{cell}/samples/step_{N}/{bench}.jsonl
     {results}/runs/{cell}/eval/step_{N}/{bench}.jsonl (+ .metrics.json)
     {results}/runs/{cell}/{samples,eval}/step_{N}/greedy/...  the greedy n=1 protocol (evaluation.greedy)
@@ -194,17 +195,17 @@ def latest_resumable(run: str | Path) -> int | None:
     return None
 
 
-def restart_stamp(run: str | Path, step: int | str) -> Path:
-    """The file a retrain from checkpoint ``step`` creates (workflow/rules/train.smk, rule restart)."""
-    return Path(run) / "segments" / f"restart_from_{step_name(step)}.stamp"
+def restart_stamp(run: str | Path, k: int | str, step: int | str) -> Path:
+    """The file the ``k``-th retrain (from checkpoint ``step``) creates (workflow/rules/train.smk, rule
+    restart). Numbered: a second retrain from the same step is a new file, newer than the markers."""
+    return Path(run) / "segments" / f"restart_{k}_from_{step_name(step)}.stamp"
 
 
-def restart_stamps(run: str | Path) -> list[int]:
-    """Steps of the retrains recorded in ``run`` (their stamps), ascending."""
-    found = Path(run).glob("segments/restart_from_step_*.stamp")
-    return sorted(
-        int(m.group(1)) for p in found if (m := re.fullmatch(r"restart_from_step_(\d+)\.stamp", p.name))
-    )
+def restart_stamps(run: str | Path) -> list[tuple[int, int]]:
+    """(k, step) of the retrains recorded in ``run`` (their stamps), in order."""
+    found = Path(run).glob("segments/restart_*_from_step_*.stamp")
+    pattern = re.compile(r"restart_(\d+)_from_step_(\d+)\.stamp")
+    return sorted((int(m.group(1)), int(m.group(2))) for p in found if (m := pattern.fullmatch(p.name)))
 
 
 def restart_step(run: str | Path, segment_ends: list[int]) -> int | None:

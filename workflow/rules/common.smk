@@ -37,6 +37,7 @@ wildcard_constraints:
     dataset=r"[A-Za-z0-9_-]+",
     bench=r"[A-Za-z0-9_-]+",
     step=r"\d+",
+    k=r"\d+",
 
 
 # ---------------------------------------------------------------- job environment
@@ -149,8 +150,8 @@ def segment_marker(cell, step):
     return str(layout.segment_marker(layout.run_dir(R, cell), step))
 
 
-def restart_stamp(cell, step):
-    return str(layout.restart_stamp(layout.run_dir(R, cell), step))
+def restart_stamp(cell, k, step):
+    return str(layout.restart_stamp(layout.run_dir(R, cell), k, step))
 
 
 def checkpoint_of(cell, step):

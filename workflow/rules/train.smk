@@ -13,9 +13,10 @@
 # (a corrupt checkpoint, say), the trainer restarts from the latest checkpoint that still holds
 # trainer state, often step 0 (retention keeps it in the latest one only). The segments after that
 # step describe the attempt the restart discards, so they are trained again, one job each: rule
-# restart writes segments/restart_from_step_S.stamp, and every segment after S takes the stamp as
-# input, which Snakemake's own mtime rule then reruns in order. A stamp stays an input of those
-# segments afterwards, so nothing reruns twice (the set of input files does not change).
+# restart writes segments/restart_K_from_step_S.stamp (the K-th retrain), and every segment after S
+# takes the stamp as input, which Snakemake's own mtime rule then reruns in order. A stamp stays an
+# input of those segments afterwards, so nothing reruns twice (the set of input files does not
+# change); a later retrain from the same step is stamp K + 1, newer than their markers.
 
 
 def train_inputs(wildcards):
@@ -33,19 +34,20 @@ def train_inputs(wildcards):
         out = {"previous": segment_marker(wildcards.cell, steps[i - 1])}
     else:
         out = {"model": model_dir(model), "data": data_file(CELLS[wildcards.cell].dataset)}
-    restarts = [s for s in restarts_of(wildcards.cell) if s < step]
+    restarts = [(k, s) for k, s in restarts_of(wildcards.cell) if s < step]
     if restarts:
-        out["restarts"] = [restart_stamp(wildcards.cell, s) for s in restarts]
+        out["restarts"] = [restart_stamp(wildcards.cell, k, s) for k, s in restarts]
     return out
 
 
 @functools.cache
 def restarts_of(cell):
-    """Steps of this cell's retrains: the recorded ones and, when one is due now, its step
+    """(k, step) of this cell's retrains: the recorded ones and, when one is due now, the next
     (aggbench.layout.restart_step). Computed once per Snakemake invocation."""
     run = layout.run_dir(R, cell)
+    done = layout.restart_stamps(run)
     due = layout.restart_step(run, CHECKPOINT_STEPS[CELLS[cell].model])
-    return sorted(set(layout.restart_stamps(run)) | ({due} if due is not None else set()))
+    return done + ([(len(done) + 1, due)] if due is not None else [])
 
 
 def train_launcher(wildcards, threads):
@@ -68,12 +70,12 @@ localrules:
 rule restart:
     """Record a retrain from checkpoint step S: every later segment takes this stamp as input."""
     output:
-        restart_stamp("{cell}", "{step}"),
+        restart_stamp("{cell}", "{k}", "{step}"),
     log:
-        f"{R}/logs/restart/{{cell}}/step_{{step}}.log",
+        f"{R}/logs/restart/{{cell}}/restart_{{k}}_from_step_{{step}}.log",
     run:
         why = (
-            f"{wildcards.cell}: retrain from step {wildcards.step}; the finished segments after it are "
+            f"{wildcards.cell}: retrain {wildcards.k}, from step {wildcards.step}; the finished segments after it are "
             "trained again, one job each (their checkpoints belonged to the attempt this discards)\n"
         )
         write_text_atomic(output[0], why)

@@ -134,9 +134,25 @@ def train(
     ranks = parallel.setup(cfg)
     try:
         with ranks.run_lock(out):  # creates the run directory
-            return _train_locked(cfg, out, last, quiet or not ranks.main, ranks, prep)
+            summary = _train_locked(cfg, out, last, quiet or not ranks.main, ranks, prep)
+            if until_step is not None and ranks.main:
+                _record_segment(out, until_step)
+            return summary
     finally:
         ranks.teardown()
+
+
+def _record_segment(out: Path, step: int) -> None:
+    """``segments/step_N.done``, the workflow's marker of the segment that ends at N, holds which
+    checkpoint it left: its COMPLETE record (the step and every file's sha256). Snakemake skips an
+    input that is newer but has the checksum it recorded, so an empty marker made the evaluation of
+    a retrained checkpoint look up to date; with this content it reruns exactly when the checkpoint
+    changed. (The rule declares the marker with touch(), which keeps what is written here.)"""
+    complete = layout.checkpoint_dir(out, step) / layout.COMPLETE
+    text = (
+        complete.read_text() if complete.is_file() else json.dumps({"step": step, "checkpoint": None}) + "\n"
+    )
+    write_atomic(layout.segment_marker(out, step), text)
 
 
 def _resolve(cfg: TrainConfig) -> tuple[list[Path], Any, Any]:
