@@ -72,7 +72,16 @@ SOURCES: dict[str, str] = {
 # (../shared/data, see its PROVENANCE.md), which agree with the specs' descriptions.
 KNOWN_PROBLEMS = {"math500": 500, "aime24": 30, "aime25": 30, "minerva": 272, "olympiadbench": 675,
                   "livecodebench": 279}  # fmt: skip
-LOCAL_RULES = ("prepare_model", "prepare_data", "fetch_benchmarks", "experiment_config", "cell_config", "all")
+# restart: only when a deleted segment is retrained (workflow/rules/train.smk), never from scratch
+LOCAL_RULES = (
+    "prepare_model",
+    "prepare_data",
+    "fetch_benchmarks",
+    "experiment_config",
+    "cell_config",
+    "restart",
+    "all",
+)
 SLURM_RULES = ("train", "generate", "grade", "generate_base", "grade_base", "report")
 
 
@@ -422,7 +431,7 @@ def grid_jobs(exp: dict) -> dict[str, Any]:
     return {
         "rules": rules,
         "slurm": sum(rules[r] for r in SLURM_RULES),
-        "local": sum(rules[r] for r in LOCAL_RULES),
+        "local": sum(rules.get(r, 0) for r in LOCAL_RULES),
         "total": sum(rules.values()),
     }
 
