@@ -161,6 +161,9 @@ def test_a_pilot_gives_the_paired_differences_and_splits_their_variance(tmp_path
     )
     got = json.loads(out)
     assert code == 0 and got["sd"] == pytest.approx(p.sd) and got["n"] == seeds_needed(2, p.sd)
+    by_k = {int(k): v for k, v in got["seeds_by_samples"].items()}
+    assert by_k == {k: seeds_needed(2, p.sd_at(k)) for k in (4, 8, 16, 32, 64)}
+    assert by_k[4] >= by_k[64] >= seeds_needed(2, p.sd_train)  # samples shrink only sampling's part
     code, out = _cli("--pilot", str(tmp_path), "--delta", "2", "--samples", "16")
     assert code == 0 and f"n = {seeds_needed(2, p.sd_at(16))} seeds" in out and "sampling" in out
 

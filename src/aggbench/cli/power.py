@@ -60,8 +60,13 @@ def command(
         elif samples is not None:
             raise pw.PowerError("--samples needs --pilot (it splits the sd into training and sampling)")
         out = pw.plan(sd=sd, alpha=alpha, power=target, delta=delta, n=n)
+        # seeds against answers per problem: more samples shrink only the sampling part of the sd
+        by_samples = {}
+        if found is not None and delta is not None:
+            ks = sorted({found.samples * m for m in (1, 2, 4, 8, 16)} | ({samples} if samples else set()))
+            by_samples = {k: pw.seeds_needed(delta, found.sd_at(k), alpha, target) for k in ks}
     if fmt == "json":
-        extra = {"sd": sd, "pilot": pw.pilot_summary(found)} if found else {}
+        extra = {"sd": sd, "pilot": pw.pilot_summary(found), "seeds_by_samples": by_samples} if found else {}
         click.echo(json.dumps({**out, **extra}, indent=2))
         return
     if found is not None:
@@ -81,6 +86,9 @@ def command(
         )
         if delta is not None:
             click.echo(f"power at delta {delta:g}: {out['power']:.3f}")
+    if by_samples:
+        row = ", ".join(f"k = {k}: {n_k}" for k, n_k in by_samples.items())
+        click.echo(f"seeds needed for delta {delta:g} by answers per problem: {row}")
 
 
 def _only_benchmark(results: str) -> str:
