@@ -229,14 +229,17 @@ def local_store():
 
 
 def kept_files():
-    """The default target: the report, and every file it was built from that has gone missing.
+    """The default target: the report, and, once a report was made, every file it was built from
+    that has gone missing.
 
     Snakemake regenerates a missing input of a job only when that job reruns, and a missing input
-    does not make the report rerun: without this, deleting an evaluation, a segment marker (with its
-    checkpoint) or the store gave "Nothing to be done" while the tables still described them. The
-    files a rerun cannot take from elsewhere are watched: segment markers, graded samples and
-    metrics, and the store once a report was made from it (a first run's trainers create the store
-    before the report runs). Only the missing ones are listed, so the job's printout stays short."""
+    does not make a finished report rerun: without this, deleting an evaluation, a segment marker
+    (with its checkpoint) or the store gave "Nothing to be done" while the tables still described
+    them. Watched: segment markers, graded samples and metrics, and the store. Before the first
+    report (its outputs missing) the report's own inputs already bring everything, so nothing is
+    added and a fresh grid's printout stays short; after it, only the missing files are listed."""
+    if not any(Path(f).exists() for f in report_outputs()):
+        return report_outputs()
     watched = train_markers()
     for c in CELLS.values():
         for s in EVAL_STEPS[c.model]:
@@ -244,8 +247,7 @@ def kept_files():
     if BASE_EVAL:
         watched += [f for m in MODELS for b in BENCHMARKS for f in grade_files(base_dir(m), 0, b).values()]
     store = local_store()
-    if store and any(Path(f).exists() for f in report_outputs()):
-        watched.append(store)
+    watched += [store] if store else []
     return report_outputs() + [f for f in watched if not Path(f).exists()]
 
 
