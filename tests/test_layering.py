@@ -61,7 +61,7 @@ ALLOWED: dict[str, set[str]] = {
     "integrations/": {"aggregation/", "audit/", "errors", "tracking"},
     "report/": {"config", "data/", "files", "grid", "layout", "metric_names", "provenance", "tracking"}
     | {"aggregation/"},  # explain_render: the explain batch's types, for annotations only (no torch)
-    "plan/": {"data/", "grid", "layout", "rollout/", "tiny/"},
+    "plan/": {"data/", "errors", "grid", "layout", "rollout/", "tiny/"},  # errors: PowerError
     "cli/": {"*"},
 }
 NO_TORCH = (

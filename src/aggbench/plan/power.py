@@ -34,7 +34,7 @@ N_MIN = 2  # a paired t test needs two pairs (df = 1)
 N_MAX = 1_000_000
 
 
-class PowerError(InputError):
+class PowerError(InputError, ValueError):
     """A power question that has no answer (delta 0, sd <= 0, alpha or power outside (0, 1))."""
 
 
