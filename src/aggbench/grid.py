@@ -209,6 +209,33 @@ def _resource_problems(exp: dict) -> list[str]:
     return out
 
 
+def selection(exp: dict) -> dict[str, str]:
+    """{test benchmark: the benchmark its checkpoints are selected on} (``evaluation.selection``)."""
+    return dict((exp.get("evaluation") or {}).get("selection") or {})
+
+
+def test_benchmarks(exp: dict) -> list[str]:
+    """The benchmarks the tables show as columns: all but the selection benchmarks."""
+    chosen_on = set(selection(exp).values())
+    return [b for b in exp["benchmarks"] if b not in chosen_on]
+
+
+def _selection_problems(exp: dict) -> list[str]:
+    problems = []
+    listed = exp["benchmarks"]
+    for test, sel in selection(exp).items():
+        where = f"evaluation.selection.{test}"
+        if test not in listed:
+            problems.append(f"{where}: {test!r} is not in benchmarks ({', '.join(listed)})")
+        if sel not in listed:
+            problems.append(f"{where}: the selection benchmark {sel!r} is not in benchmarks: add it there")
+        if sel == test or sel in selection(exp):
+            problems.append(
+                f"{where}: {sel!r} is a test benchmark; select on a held-out split (e.g. tiny_val)"
+            )
+    return problems
+
+
 def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> None:
     """Raise GridError listing every problem, or return None.
 
@@ -240,6 +267,7 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
             load_benchmark_spec(b)
         except Exception as exc:
             problems.append(f"benchmarks: {exc}")  # names the benchmark, the known ones and where it looked
+    problems += _selection_problems(exp)
     for name, ds in exp["datasets"].items():
         try:
             load_training_spec(ds["spec"])

@@ -62,6 +62,12 @@ def model_dir(results: str | Path, model: str) -> Path:
     return Path(results) / "models" / model
 
 
+def skill_phase_dir(results: str | Path, key: str) -> Path:
+    """A tiny warm start's first half, shared by the grid's models that have it in common
+    (``aggbench.tiny.lab.prepare_skill_phase``; ``key``: ``skill_phase_key``)."""
+    return Path(results) / "warm_starts" / key
+
+
 def data_file(results: str | Path, dataset: str) -> Path:
     return Path(results) / "data" / f"{dataset}.jsonl"
 

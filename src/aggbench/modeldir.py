@@ -337,9 +337,12 @@ def prepare_model(
     config_overrides: dict[str, Any] | None = None,
     force: bool = False,
     quiet: bool = False,
+    skill_from: Path | None = None,
 ) -> dict[str, Any] | None:
     """Prepare ``name`` in ``out_dir`` (see ``aggbench prepare-model``); returns what was recorded in
     its ``aggbench_model.json``, or None when ``out_dir`` already held this request (nothing done).
+    ``skill_from`` (tiny only): continue the warm start from that saved skill phase (the same
+    weights, so not part of the request).
 
     The tiny model's record holds its task config (``task``); the lab knobs ``gap`` and ``spread``
     appear there only when they differ from the default task, so directories prepared before the
@@ -357,6 +360,13 @@ def prepare_model(
     if _check_existing(out_dir, request, force):
         return None
     _check_name(name)
+    if skill_from is not None and name == TINY and sft_steps:
+        from aggbench.tiny.lab import check_skill_phase, skill_phase_record
+
+        try:  # before anything is written
+            check_skill_phase(Path(skill_from), skill_phase_record(seed=seed, steps=sft_steps, task=task))
+        except ValueError as err:
+            raise ModelDirError(f"--skill-from: {err}") from None
 
     tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
     if tmp.exists():
@@ -375,6 +385,7 @@ def prepare_model(
                 task=task,
                 progress=not quiet,
                 probe_prompts=probe_prompts,
+                skill_from=skill_from,
             )
             record.update(facts)
             record["sampled_accuracy"] = facts["probe"]["accuracy"] if facts.get("probe") else None

@@ -303,3 +303,19 @@ def test_sft_loss_is_on_assistant_tokens_only(untrained):
         assert tok.decode(supervised, skip_special_tokens=False) == target + EOS
         assert (labels[row, :prompt_len] == -100).all()
         assert attention_mask[row].sum().item() == prompt_len + len(supervised)
+
+
+def test_the_validation_split_is_held_out_and_apart_from_the_test_split():
+    """tiny_val (configs/benchmarks/tiny_val.yaml), the selection split of evaluation.selection."""
+    from aggbench.data.benchmarks import load_benchmark, load_benchmark_spec
+    from aggbench.tiny.task import is_test_prompt, make_task, make_validation
+
+    val = list(load_benchmark(load_benchmark_spec("tiny_val")))
+    test = list(load_benchmark(load_benchmark_spec("tiny_test")))
+    train, _ = make_task(0, 512, 64)
+    assert len(val) == 64 and len({r["prompt"] for r in val}) == 64
+    assert all(r["id"].startswith("tiny-validation-") and is_test_prompt(r["prompt"]) for r in val)
+    assert not {r["prompt"] for r in val} & {r["prompt"] for r in test}
+    assert not {r["prompt"] for r in val} & {r["prompt"] for r in train}
+    assert [r["prompt"] for r in test] == [r["prompt"] for r in make_task(0, 512, 64)[1]]  # unchanged
+    assert make_validation(0, 64, 64) == make_validation(0, 64, 64)  # deterministic

@@ -33,14 +33,26 @@ def test_lab_grid_is_four_knob_settings_by_three_rules_by_three_seeds(wf, tmp_pa
     assert counts["prepare_model"] == 4 and counts["prepare_data"] == 1, counts  # one dataset for all four
     # evaluation at the last step only, plus each warm start: the steps go to training
     assert counts["generate"] == cells and counts["generate_base"] == 4, counts
-    commands = re.findall(r"aggbench prepare-model tiny [^>]*", proc.stdout)
+    # the four warm starts share their knob-free first half: it runs once, each model continues from
+    # it (the same weights as a warm start alone: tests/tiny/test_skill_phase.py)
+    assert counts["prepare_skill_phase"] == 1, counts
+    phase = re.findall(
+        r"aggbench prepare-model tiny --skill-phase-only --sft-steps 500 --out (\S+)", proc.stdout
+    )
+    assert len(phase) == 1 and "/warm_starts/skill-0-500-" in phase[0], phase
+    commands = re.findall(r"aggbench prepare-model tiny (?!--skill-phase-only)[^>]*", proc.stdout)
     assert len(commands) == 4
+    assert all(f"--skill-from {phase[0]} " in c for c in commands), commands
     for gap in ("positive", "negative"):
         for spread in ("low", "high"):
             assert any(
                 f"--gap {gap} " in c and f"--spread {spread} " in c and f"tiny-{gap[:3]}-{spread} " in c
                 for c in commands
             ), commands
+    # a grid whose warm starts share nothing runs each alone, as before (the smoke grid: one model)
+    smoke = wf.run(["-n", "-p", "--config", f"results_dir={tmp_path / 's'}"])
+    assert "prepare_skill_phase" not in smoke.stdout and "--skill-from" not in smoke.stdout
+    assert wf.job_counts(smoke.stdout)["prepare_model"] == 1
     # every setting's rollouts fit its longest warm-start answer (TaskConfig.max_response_tokens)
     from aggbench.grid import cell_train_config
     from aggbench.tiny.task import TaskConfig
@@ -65,7 +77,15 @@ def test_a_two_step_lab_runs_to_the_tables(wf, tmp_path, tiny_model):
             "algorithm": {"total_steps": 2, "prompts_per_step": 4, "group_size": 4, "micro_batch_size": 16},
             "checkpoint": {"every": 2},
         },
-        "evaluation": {"every": 2, "n": 1, "limit": 2, "base_model": False},
+        # with the held-out selection split: the report adds the selected-checkpoint table
+        "benchmarks": ["tiny_test", "tiny_val"],
+        "evaluation": {
+            "every": 2,
+            "n": 1,
+            "limit": 2,
+            "base_model": False,
+            "selection": {"tiny_test": "tiny_val"},
+        },
     }
     config = wf.write_config(tmp_path / "lab2.yaml", over, base=_lab(wf))
     # two of the four settings, the extremes (the dry run above checks all four reach prepare-model):
@@ -85,3 +105,7 @@ def test_a_two_step_lab_runs_to_the_tables(wf, tmp_path, tiny_model):
             assert (results / "runs" / f"{name}__tiny__{rule}__s0" / "metrics.jsonl").is_file()
     filled = {(r["model"], r["row"]) for r in last if r["mean"] != "" and r["step"] == "2"}
     assert filled == {(m, rule) for m in models for rule in ("token", "sequence", "balanced")}, last
+    assert {r["column"] for r in rows} == {"tiny_test", "average", "drop"}  # tiny_val selects, no column
+    selected = list(csv.DictReader((results / "tables" / "selected.csv").open()))
+    chosen = {(r["model"], r["row"]) for r in selected if r["column"] == "tiny_test" and r["step"] == "2"}
+    assert chosen == filled, selected  # one evaluated step: it is the one chosen

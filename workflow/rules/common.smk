@@ -27,7 +27,9 @@ BASE_EVAL = bool(EVAL.get("base_model", True))
 GREEDY = bool(EVAL.get("greedy", False))
 # what `aggbench report` writes under {R}/tables/ (plus plots/, declared as a directory), and the
 # greedy protocol's tables under {R}/tables/greedy/
-TABLES = [f"{t}.{ext}" for t in ("peak", "last") for ext in ("md", "csv", "tex")] + ["values.csv"]
+# (selected.*: the tables whose checkpoints are chosen on a held-out split, with evaluation.selection)
+SELECTED = ("selected",) if grid.selection(config) else ()
+TABLES = [f"{t}.{ext}" for t in ("peak", "last", *SELECTED) for ext in ("md", "csv", "tex")] + ["values.csv"]
 
 
 # No '/' in any wildcard; cell and model names may hold '.' (qwen2.5-math-7b__dapo17k__token__s0).
@@ -38,6 +40,7 @@ wildcard_constraints:
     bench=r"[A-Za-z0-9_-]+",
     step=r"\d+",
     k=r"\d+",
+    key=r"[A-Za-z0-9_.-]+",
 
 
 # ---------------------------------------------------------------- job environment
@@ -187,6 +190,45 @@ def model_dir(model):
     return str(layout.model_dir(R, model))
 
 
+def skill_phase_dir(key):
+    return str(layout.skill_phase_dir(R, key))
+
+
+@functools.cache
+def skill_phases():
+    """key -> the tiny models whose warm starts share that skill phase (the knob-free first half),
+    for keys two or more models share: it runs once (rule prepare_skill_phase), and each of them
+    continues from it with the weights its own warm start would give (tests/tiny/test_skill_phase.py)."""
+    from aggbench.tiny.lab import skill_phase_key, skill_phase_record
+    from aggbench.tiny.model import DEFAULT_SFT_STEPS
+    from aggbench.tiny.task import TaskConfig
+
+    groups = {}
+    for name, m in config["models"].items():
+        steps = m.get("sft_steps")
+        steps = DEFAULT_SFT_STEPS if steps is None else steps
+        if m["source"] != "tiny" or not steps:
+            continue
+        record = skill_phase_record(seed=0, steps=steps, task=TaskConfig(**(m.get("task") or {})))
+        groups.setdefault(skill_phase_key(record), []).append(name)
+    return {key: names for key, names in groups.items() if len(names) > 1}
+
+
+def skill_phase_of(model):
+    """The key of the skill phase ``model`` shares with other models of the grid, or None."""
+    return next((key for key, names in skill_phases().items() if model in names), None)
+
+
+def skill_phase_args(key):
+    """`aggbench prepare-model` options of a shared skill phase: the steps and the task fields that
+    enter it (gap, spread and worked_fraction do not)."""
+    m = config["models"][skill_phases()[key][0]]
+    args = ["--sft-steps", str(m["sft_steps"])] if m.get("sft_steps") is not None else []
+    if (m.get("task") or {}).get("verbosity") is not None:
+        args += ["--verbosity", str(m["task"]["verbosity"])]
+    return " ".join(args)
+
+
 def data_file(dataset):
     return str(layout.data_file(R, dataset))
 
@@ -264,6 +306,8 @@ def prepare_model_args(model):
             args += ["--sft-steps", str(m["sft_steps"])]
         for key, value in sorted((m.get("task") or {}).items()):
             args += [f"--{key.replace('_', '-')}", str(value)]
+        if skill_phase_of(model):
+            args += ["--skill-from", skill_phase_dir(skill_phase_of(model))]
     elif m.get("revision") and not m.get("path"):
         args += ["--revision", m["revision"]]
     for key, value in sorted(m.get("config_overrides", {}).items()):

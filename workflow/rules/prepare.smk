@@ -3,11 +3,36 @@
 
 
 localrules:
+    prepare_skill_phase,
     prepare_model,
     prepare_data,
     fetch_benchmarks,
     experiment_config,
     cell_config,
+
+
+rule prepare_skill_phase:
+    """The first half of a tiny warm start (worked answers only, no lab knobs), once for the models
+    that share it (the lab's four settings); each continues from it in its own job (`--skill-from`).
+    """
+    output:
+        directory(skill_phase_dir("{key}")),
+    log:
+        f"{R}/logs/prepare_skill_phase/{{key}}.log",
+    benchmark:  # the job's wall time, CPU time and peak memory (benchmarks/cell_time.py)
+        f"{R}/logs/prepare_skill_phase/{{key}}.times.tsv",
+    params:
+        args=lambda wildcards: skill_phase_args(wildcards.key),
+    threads: 2  # torch CPU threads (the weights do not depend on them)
+    shell:
+        "{ENV} export OMP_NUM_THREADS={threads}; "
+        "aggbench prepare-model tiny --skill-phase-only {params.args} --out {output} --quiet > {log} 2>&1"
+
+
+def prepare_model_inputs(wildcards):
+    """The shared skill phase a tiny model continues from, if it shares one."""
+    key = skill_phase_of(wildcards.model)
+    return {"skill": skill_phase_dir(key)} if key else {}
 
 
 rule prepare_model:
@@ -16,6 +41,8 @@ rule prepare_model:
     `aggbench prepare-model` builds it in DIR.tmp-<pid> and renames it, so a killed job leaves no
     directory that looks finished.
     """
+    input:
+        unpack(prepare_model_inputs),
     output:
         directory(model_dir("{model}")),
     log:

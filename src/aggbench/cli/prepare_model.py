@@ -109,6 +109,20 @@ def _fmt(x: float | None) -> str:
     "max_position_embeddings=32768 as verl's DAPO 7B math recipe does; repeatable. What every later "
     "step loads (trainer, rollout engines, evaluator) then carries it.",
 )
+@click.option(
+    "--skill-phase-only",
+    is_flag=True,
+    help="Tiny model: write only the warm start's first half (the knob-free skill phase) to --out, with "
+    "its optimizer and RNG state, for --skill-from (the workflow runs it once for models that share it).",
+)
+@click.option(
+    "--skill-from",
+    "skill_from",
+    default=None,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="Tiny model: continue the warm start from this --skill-phase-only directory (the same weights "
+    "as running it here; refused when it was made with other --seed, --sft-steps or task options).",
+)
 @click.option("--force", is_flag=True, help="Rebuild even if --out already holds a prepared model.")
 @click.option("--quiet", is_flag=True, help="No progress bar, no summary.")
 @click_errors
@@ -124,6 +138,8 @@ def command(
     spread,
     probe_prompts,
     config_override,
+    skill_phase_only,
+    skill_from,
     force,
     quiet,
 ):
@@ -134,6 +150,15 @@ def command(
     """
     if name == TINY and revision:
         raise click.UsageError("--revision applies to hub models only, not to 'tiny'")
+    if (skill_phase_only or skill_from) and name != TINY:
+        raise click.UsageError("--skill-phase-only and --skill-from apply to 'tiny' only")
+    if skill_phase_only and skill_from:
+        raise click.UsageError(
+            "--skill-phase-only writes a skill phase; --skill-from reads one: pass one of them"
+        )
+    if skill_phase_only:
+        _skill_phase(out_dir, seed, sft_steps, worked_fraction, verbosity, quiet)
+        return
     from aggbench.modeldir import MARKER, prepare_model
 
     record = prepare_model(
@@ -150,6 +175,7 @@ def command(
         config_overrides=parse_overrides(config_override),
         force=force,
         quiet=quiet,
+        skill_from=skill_from,
     )
     if quiet:
         return
@@ -164,3 +190,25 @@ def command(
             f"{_fmt(p['mean_len_correct'])} vs incorrect {_fmt(p['mean_len_incorrect'])} tokens"
         )
     click.echo(f"prepared {name} in {out_dir} ({record['seconds']} s{summary})")
+
+
+def _skill_phase(
+    out_dir: Path, seed: int, sft_steps: int | None, worked_fraction, verbosity, quiet: bool
+) -> None:
+    """--skill-phase-only: the knob-free first half of the warm start (gap and spread do not enter it)."""
+    from dataclasses import replace
+
+    from aggbench.tiny.lab import prepare_skill_phase
+
+    fields = {"worked_fraction": worked_fraction, "verbosity": verbosity}
+    task = replace(TaskConfig(), **{k: v for k, v in fields.items() if v is not None})
+    steps = DEFAULT_SFT_STEPS if sft_steps is None else sft_steps
+    if steps < 1:
+        raise click.BadParameter("a skill phase needs --sft-steps of at least 1", param_hint="--sft-steps")
+    try:
+        record = prepare_skill_phase(out_dir, seed=seed, steps=steps, task=task, progress=not quiet)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from None
+    if not quiet:
+        done = "already there; nothing to do" if record is None else f"{record['skill_steps']} steps"
+        click.echo(f"skill phase of a {steps}-step warm start in {out_dir}: {done}")

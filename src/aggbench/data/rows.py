@@ -32,7 +32,7 @@ from aggbench.data.sources import (
     OfflineJoin,
     UrlSource,
 )
-from aggbench.tiny.task import make_task
+from aggbench.tiny.task import make_task, make_validation
 
 Row = tuple[str, int, dict[str, Any]]  # (where, 1-based line or row number, row)
 
@@ -201,8 +201,12 @@ def url_rows(
 
 def builtin_rows(source: BuiltinSource) -> Iterator[Row]:
     """The built-in task's split (``make_task`` returns the (train, test) pair)."""
+    fn = "make_validation" if source.split == "validation" else "make_task"
+    where = f"aggbench.tiny.task.{fn}(seed={source.seed}) {source.split}"
+    if source.split == "validation":
+        split = make_validation(source.seed, source.n_validation, source.n_test)
+        return ((where, i + 1, dict(row)) for i, row in enumerate(split))
     train, test = make_task(seed=source.seed, n_train=source.n_train, n_test=source.n_test)
-    where = f"aggbench.tiny.task.make_task(seed={source.seed}) {source.split}"
     split = train if source.split == "train" else test
     return ((where, i + 1, dict(row)) for i, row in enumerate(split))
 

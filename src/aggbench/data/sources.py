@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from aggbench.errors import InputError
@@ -102,13 +102,21 @@ class UrlSource(Strict):
 
 
 class BuiltinSource(Strict):
-    """The built-in synthetic task, ``aggbench.tiny.task.make_task(seed, n_train, n_test)``."""
+    """The built-in synthetic task, ``aggbench.tiny.task.make_task(seed, n_train, n_test)``; the
+    validation split is ``make_validation(seed, n_validation, n_test)`` (apart from the test split)."""
 
     name: Literal["tiny"] = "tiny"
-    split: Literal["train", "test"]
+    split: Literal["train", "test", "validation"]
     seed: int = 0
     n_train: int = Field(ge=1)
     n_test: int = Field(ge=1)
+    n_validation: int | None = Field(None, ge=1, description="split validation only: its size")
+
+    @model_validator(mode="after")
+    def _validation_size(self) -> BuiltinSource:
+        if (self.split == "validation") != (self.n_validation is not None):
+            raise ValueError("n_validation is the size of split: validation (give it there, and only there)")
+        return self
 
 
 class Grader(Strict):

@@ -74,6 +74,7 @@ KNOWN_PROBLEMS = {"math500": 500, "aime24": 30, "aime25": 30, "minerva": 272, "o
                   "livecodebench": 279}  # fmt: skip
 # restart: only when a deleted segment is retrained (workflow/rules/train.smk), never from scratch
 LOCAL_RULES = (
+    "prepare_skill_phase",
     "prepare_model",
     "prepare_data",
     "fetch_benchmarks",

@@ -12,6 +12,11 @@ defines both, and the drop). Steps are training steps. Three tables per block:
 * ``peak_best_average``: every benchmark at the single step whose seed-mean benchmark average is
   best (one step per row).
 * ``last``: every benchmark at the last step that has all benchmarks.
+* ``selected`` (only with ``evaluation.selection``, in its own files): each seed's checkpoint
+  chosen on a held-out selection benchmark (``{test: selection}``, e.g. tiny_test: tiny_val), the
+  test benchmark's value at that step. The peak tables pick the best step on the test benchmark
+  itself, which is optimistic; this one does not look at the test benchmark to choose. Selection
+  benchmarks are never columns of the tables.
 
 The ``drop`` column is the same in all three: each seed's peak minus last value of its
 benchmark-average curve, averaged over seeds (the paper's stability measure; lower is better).
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aggbench import grid, metric_names
 from aggbench.report.collect import CellData, Collected
@@ -49,7 +54,12 @@ DEFINITIONS = {
     "peak_per_benchmark": "peak: each benchmark at its own best step (@step)",
     "peak_best_average": "peak: the single step with the best benchmark average",
     "last": "last evaluated step",
+    "selected": "selected: each seed's checkpoint chosen on the selection split, its test score",
 }
+SELECTED_NOTE = (
+    "The step of each benchmark is chosen per seed on its selection benchmark ({pairs}; ties: the earlier "
+    "step), never on the test benchmark; the steps column lists the seeds' chosen steps"
+)
 
 
 @dataclass
@@ -80,6 +90,7 @@ class Row:
     entries: dict[str, Entry]
     step: int | None = None
     flagged: bool = False
+    steps_text: str | None = None  # the selected table: each seed's chosen step(s), as shown
 
 
 @dataclass
@@ -92,6 +103,7 @@ class Table:
     rows: list[Row]
     notes: list[str]
     seeds: int
+    about: list[str] = field(default_factory=list)  # said under the legend (how the selected table chooses)
 
     @property
     def title(self) -> str:
@@ -174,6 +186,38 @@ def _rule_row(
     if step is None:
         return {b: Entry() for b in [*benches, AVERAGE]}, None
     return _at_step(seeds, benches, step), step
+
+
+def _selected_row(
+    seeds: Sequence[CellData], benches: Sequence[str], chosen_on: Mapping[str, str]
+) -> tuple[dict[str, Entry], str]:
+    """Every test benchmark at the step each seed's run chose on its selection benchmark (its best
+    step there, ties to the earliest, among the steps where the test benchmark was evaluated too);
+    the average over benchmarks per seed. Returns (entries, the chosen steps as shown)."""
+    picks: dict[str, dict[int, int]] = {}  # bench -> {seed index: step}
+    for b in benches:
+        sel = chosen_on.get(b)
+        picks[b] = {}
+        for i, c in enumerate(seeds):
+            curve = {t: v for t, v in c.evals.get(sel, {}).items() if t in c.evals.get(b, {})} if sel else {}
+            step = _argmax(curve)
+            if step is not None:
+                picks[b][i] = step
+    entries = {}
+    for b in benches:
+        have = [seeds[i] for i in picks[b]]
+        steps = set(picks[b].values())
+        step = steps.pop() if len(steps) == 1 else None
+        entries[b] = _entry([seeds[i].evals[b][t] for i, t in picks[b].items()], step, _boot(have, b, step))
+    full = [i for i in range(len(seeds)) if all(i in picks[b] for b in benches)]
+    entries[AVERAGE] = _entry(
+        [statistics.fmean(seeds[i].evals[b][picks[b][i]] for b in benches) for i in full], None
+    )
+    by_seed = []
+    for i, c in enumerate(seeds):
+        chosen = sorted({picks[b][i] for b in benches if i in picks[b]})
+        by_seed.append(f"s{c.cell.seed}@{'/'.join(map(str, chosen)) or '—'}")
+    return entries, " ".join(by_seed)
 
 
 def _reported(exp: dict, model: str, dataset: str, row: str, benches: Sequence[str]) -> dict[str, float]:
@@ -279,15 +323,19 @@ def build_tables(
     """
     check_reported(col.exp)
     bad = set(mismatched)
-    benches = col.benchmarks
+    chosen_on = grid.selection(col.exp)
+    benches = [b for b in col.benchmarks if b in grid.test_benchmarks(col.exp)]  # the columns
     columns = [*benches, AVERAGE, DROP]
     out: dict[str, list[Table]] = {"peak": [], "last": []}
+    definitions = [*DEFINITIONS] if chosen_on else [d for d in DEFINITIONS if d != "selected"]
+    if chosen_on:
+        out["selected"] = []
     for model, dataset in col.blocks():
         groups = col.rule_cells(model, dataset)
         notes, flagged = [], set()
         for rule, seeds in groups.items():
             for c in seeds:
-                why = [w for w in [c.issue(benches)] if w]
+                why = [w for w in [c.issue(col.benchmarks)] if w]  # the selection benchmarks too
                 if c.cell.id in bad:
                     why.append("MLflow differs from the run files (reported with --allow-mismatch)")
                 if why:
@@ -303,7 +351,7 @@ def build_tables(
         if col.base_expected and missing_base:
             notes.append(f"base: {base_id(model)}: no step-0 evaluation of {', '.join(missing_base)}")
         n_seeds = max((len(s) for s in groups.values()), default=0)
-        for definition in DEFINITIONS:
+        for definition in definitions:
             rows = []
             if col.base_expected:
                 base_ci = col.base_ci.get(model, {})
@@ -317,10 +365,15 @@ def build_tables(
                 entries[DROP] = Entry()
                 rows.append(Row(BASE_LABEL, "base", entries, 0, bool(missing_base)))
             for rule, seeds in groups.items():
-                entries, step = _rule_row(definition, seeds, benches)
+                steps_text = None
+                if definition == "selected":
+                    entries, steps_text = _selected_row(seeds, benches, chosen_on)
+                    step = None
+                else:
+                    entries, step = _rule_row(definition, seeds, benches)
                 entries[DROP] = _drop(seeds, benches)
                 kind = "control" if rule.endswith(grid.RANDOM_SUFFIX) else "rule"
-                rows.append(Row(rule, kind, entries, step, rule in flagged))
+                rows.append(Row(rule, kind, entries, step, rule in flagged, steps_text))
             for row in rows:
                 label = "base" if row.kind == "base" else row.label
                 rep = _reported(col.exp, model, dataset, label, benches) if reported else {}
@@ -336,6 +389,13 @@ def build_tables(
                 for r in rows:
                     e = r.entries[k]
                     e.best = r.kind != "control" and e.mean is not None and round(e.mean, 1) == top
-            table = Table(model, dataset, definition, col.metric, columns, rows, notes, n_seeds)
-            out["last" if definition == "last" else "peak"].append(table)
+            extra = []
+            if definition == "selected":
+                pairs = ", ".join(f"{t} on {v}" for t, v in chosen_on.items())
+                missing = [b for b in benches if b not in chosen_on]
+                extra = [SELECTED_NOTE.format(pairs=pairs)]
+                if missing:
+                    extra.append(f"no selection benchmark for {', '.join(missing)}: not selected, left empty")
+            table = Table(model, dataset, definition, col.metric, columns, rows, notes, n_seeds, extra)
+            out[definition if definition in ("last", "selected") else "peak"].append(table)
     return out

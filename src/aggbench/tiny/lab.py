@@ -13,7 +13,12 @@ incorrect responses) and the length coefficient of variation, pooled and within 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
+import shutil
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +73,125 @@ def warm_start_settings(
         out[name] = build_tiny_model(root / name, seed=seed)  # the tokenizer and generation config
         fork.model.save_pretrained(out[name])
     return out
+
+
+# --- the skill phase on disk: the lab's warm starts in separate jobs ----------------------------
+#
+# The workflow prepares each model in its own job (``aggbench prepare-model``), so the shared skill
+# phase is written once to a directory (weights, tokenizer, and in SKILL_STATE the optimizer state,
+# the example stream's RNG and the losses) and every model continues from it. Each continuation is
+# what ``sft_warm_start`` would have written alone (tests/tiny/test_skill_phase.py compares the
+# weights bit for bit); the jobs then run side by side, one thread each.
+
+SKILL_STATE = "sft_state.pt"
+SKILL_RECORD = "skill_phase.json"
+
+
+def skill_phase_record(
+    *,
+    seed: int,
+    steps: int,
+    task: TaskConfig,
+    batch_size: int = DEFAULT_SFT_BATCH,
+    lr: float = DEFAULT_SFT_LR,
+) -> dict[str, Any]:
+    """What identifies a warm start's skill phase: two warm starts with the same record share it."""
+    return {
+        "seed": seed,
+        "sft_steps": steps,
+        "skill_steps": math.ceil(0.5 * steps),  # sft_warm_start's worked_only_fraction
+        "batch_size": batch_size,
+        "lr": lr,
+        "task": asdict(skill_task(task)),
+    }
+
+
+def skill_phase_key(record: dict[str, Any]) -> str:
+    """A short stable name for a skill phase (a directory name)."""
+    digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:12]
+    return f"skill-{record['seed']}-{record['sft_steps']}-{digest}"
+
+
+def prepare_skill_phase(
+    out_dir: str | Path, *, seed: int, steps: int, task: TaskConfig, progress: bool = False
+) -> dict[str, Any] | None:
+    """Run the skill phase into ``out_dir`` (written as ``out_dir.tmp-<pid>``, then renamed);
+    returns its record, or None when ``out_dir`` already holds this skill phase."""
+    import torch
+
+    out = Path(out_dir)
+    record = skill_phase_record(seed=seed, steps=steps, task=task)
+    if out.exists():
+        check_skill_phase(out, record)
+        return None
+    tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        build_tiny_model(tmp, seed=seed)
+        state = SftState.start(tmp, steps=steps, batch_size=record["batch_size"], lr=record["lr"], seed=seed)
+        state.run(skill_task(task), range(record["skill_steps"]), progress=progress)
+        state.model.save_pretrained(tmp)
+        saved = {
+            "optimizer": state.optimizer.state_dict(),
+            "rng": state.rng.getstate(),
+            "losses": state.losses,
+        }
+        torch.save(saved, tmp / SKILL_STATE)
+        (tmp / SKILL_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return record
+
+
+def check_skill_phase(skill_dir: Path, record: dict[str, Any]) -> None:
+    path = skill_dir / SKILL_RECORD
+    if not (path.is_file() and (skill_dir / SKILL_STATE).is_file()):
+        raise ValueError(
+            f"{skill_dir} is not a finished skill phase (no {SKILL_RECORD} or {SKILL_STATE}); delete it and "
+            "rerun `aggbench prepare-model tiny --skill-phase-only --out DIR`"
+        )
+    have = json.loads(path.read_text())
+    if have != record:
+        diff = ", ".join(
+            f"{k}: {have.get(k)!r} -> {record.get(k)!r}"
+            for k in sorted({*have, *record})
+            if have.get(k) != record.get(k)
+        )
+        raise ValueError(
+            f"{skill_dir} holds another warm start's skill phase ({diff}); prepare the matching one with "
+            "`aggbench prepare-model tiny --skill-phase-only` (same --seed, --sft-steps and task options)"
+        )
+
+
+def continue_from_skill_phase(
+    skill_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    seed: int,
+    steps: int,
+    task: TaskConfig,
+    progress: bool = False,
+) -> list[float]:
+    """Finish the warm start of ``task`` from a saved skill phase into ``out_dir`` (built there with
+    its tokenizer); returns the per-step losses of the whole warm start, as ``sft_warm_start``."""
+    import torch
+
+    skill_dir = Path(skill_dir)
+    record = skill_phase_record(seed=seed, steps=steps, task=task)
+    check_skill_phase(skill_dir, record)
+    state = SftState.start(
+        skill_dir, steps=steps, batch_size=record["batch_size"], lr=record["lr"], seed=seed
+    )
+    saved = torch.load(skill_dir / SKILL_STATE)
+    state.optimizer.load_state_dict(saved["optimizer"])
+    version, internal, gauss = saved["rng"]
+    state.rng.setstate((version, tuple(internal), gauss))
+    state.losses = list(saved["losses"])
+    state.run(task, range(record["skill_steps"], steps), progress=progress)
+    build_tiny_model(out_dir, seed=seed)  # the tokenizer and generation config
+    state.model.save_pretrained(out_dir)
+    return state.losses
 
 
 def _cv(values: list[float]) -> float:

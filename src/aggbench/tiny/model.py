@@ -381,15 +381,27 @@ def build_and_warm_start(
     task: TaskConfig | None = None,
     progress: bool = True,
     probe_prompts: int = 32,
+    skill_from: str | Path | None = None,
 ) -> dict[str, Any]:
     """Build + warm-start the tiny model into ``out_dir`` and probe it (``probe_prompts`` test
-    prompts x 8 samples; 0 skips the probe); returns the facts for ``aggbench_model.json``."""
+    prompts x 8 samples; 0 skips the probe); returns the facts for ``aggbench_model.json``.
+    ``skill_from``: a saved skill phase (``aggbench.tiny.lab.prepare_skill_phase``) to continue
+    from instead of running it here; the weights are the same."""
     task = task or TaskConfig()
     t0 = time.monotonic()
-    build_tiny_model(out_dir, seed=seed)
-    losses = (
-        sft_warm_start(out_dir, steps=sft_steps, seed=seed, task=task, progress=progress) if sft_steps else []
-    )
+    if skill_from is not None and sft_steps:
+        from aggbench.tiny.lab import continue_from_skill_phase
+
+        losses = continue_from_skill_phase(
+            skill_from, out_dir, seed=seed, steps=sft_steps, task=task, progress=progress
+        )
+    else:
+        build_tiny_model(out_dir, seed=seed)
+        losses = (
+            sft_warm_start(out_dir, steps=sft_steps, seed=seed, task=task, progress=progress)
+            if sft_steps
+            else []
+        )
     facts: dict[str, Any] = {
         "sft_batch_size": DEFAULT_SFT_BATCH,
         "sft_lr": DEFAULT_SFT_LR,
@@ -397,6 +409,8 @@ def build_and_warm_start(
         "sft_seconds": round(time.monotonic() - t0, 1),
         "max_response_tokens": task.max_response_tokens(),
     }
+    if skill_from is not None and sft_steps:
+        facts["skill_phase_from"] = Path(skill_from).name  # sft_seconds: this job's part only
     if probe_prompts:
         facts["probe"] = probe_accuracy(
             out_dir,

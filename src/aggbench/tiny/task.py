@@ -279,6 +279,24 @@ def make_task(
     )
 
 
+def make_validation(
+    seed: int, n_validation: int, n_test: int, *, cfg: TaskConfig | None = None
+) -> list[dict[str, str]]:
+    """A validation split: ``n_validation`` problems from the held-out (test) half of the problem
+    space, none of them in ``make_task(seed, ..., n_test)``'s test split, drawn from their own stream
+    (so neither the training nor the test split changes). For choosing checkpoints without looking
+    at the test split (``evaluation.selection``)."""
+    cfg = cfg or TaskConfig()
+    _, test = make_task(seed, 0, n_test, cfg=cfg)
+    taken = {r["prompt"] for r in test}
+    rng = random.Random(f"tiny-validation-{seed}")
+    pool = sample_problems(rng, cfg, n_validation + n_test, test=True)
+    chosen = [p for p in pool if p.prompt not in taken][:n_validation]
+    if len(chosen) < n_validation:  # (at most n_test of the pool were taken)
+        raise ValueError(f"could not draw {n_validation} validation problems apart from the test split")
+    return [to_record(p, "validation", i) for i, p in enumerate(chosen)]
+
+
 def sft_examples(rng: random.Random, cfg: TaskConfig, n: int) -> list[tuple[str, str, str]]:
     """``n`` warm-start examples ``(prompt, target, style)`` from the training half; style is
     ``"worked"`` with probability ``cfg.worked_fraction``, else ``"guess"``. With ``spread="high"``

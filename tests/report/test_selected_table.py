@@ -1,0 +1,117 @@
+"""Honest peaks (issue 27, item 3): the "selected" table chooses each seed's checkpoint on a held-out
+selection benchmark and reports the test benchmark there, beside the peak tables, which choose on the
+test benchmark itself.
+
+The fixture (percent, as MLflow holds them), evaluated at steps 4, 8, 12:
+
+    token s0   tiny_val  40  70  50    tiny_test  30  45  60   -> chosen on tiny_val: step 8, test 45
+    token s1   tiny_val  40  50  60    tiny_test  30  44  50   -> step 12, test 50
+    seq   s0   tiny_val  55  55  50    tiny_test  20  25  35   -> step 4 (a tie goes to the earlier), test 20
+
+The per-benchmark peak (seed-mean test curve) of token is step 12 (55.0), of sequence 12 (35.0): a
+different step from the selected one in both rows.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from aggbench import grid
+from aggbench.report.collect import CellData, Collected
+from aggbench.report.render import to_csv, to_markdown, write_tables
+from aggbench.report.tables import build_tables
+from aggbench.tracking import SENTINEL
+
+STEPS = (4, 8, 12)
+CURVES = {
+    ("token", 0): {"tiny_val": (40, 70, 50), "tiny_test": (30, 45, 60)},
+    ("token", 1): {"tiny_val": (40, 50, 60), "tiny_test": (30, 44, 50)},
+    ("sequence", 0): {"tiny_val": (55, 55, 50), "tiny_test": (20, 25, 35)},
+}
+
+
+def _collected(selection: dict | None) -> Collected:
+    exp = {
+        "experiment": "sel",
+        "models": {"tiny": {"source": "tiny"}},
+        "datasets": {"tiny": {"spec": "tiny"}},
+        "aggregations": [{"name": "token"}, {"name": "sequence"}],
+        "seeds": [0, 1],
+        "benchmarks": ["tiny_test", "tiny_val"],
+        "evaluation": {"selection": selection} if selection else {},
+    }
+    cells = []
+    for (rule, seed), curves in CURVES.items():
+        cell = grid.Cell(f"tiny__tiny__{rule}__s{seed}", "tiny", "tiny", rule, seed)
+        evals = {b: dict(zip(STEPS, map(float, vals), strict=True)) for b, vals in curves.items()}
+        data = CellData(cell, "run", True, 12, list(STEPS), evals=evals)
+        data.train = {SENTINEL: {12: 1.0}}
+        cells.append(data)
+    keys = {b: f"eval/{b}/avg@4" for b in exp["benchmarks"]}
+    base = {"tiny": {"tiny_test": 10.0, "tiny_val": 12.0}}
+    return Collected(exp, "avg@4", list(exp["benchmarks"]), keys, cells, base, True)
+
+
+def _row(table, label):
+    return next(r for r in table.rows if r.label == label)
+
+
+def test_the_selected_table_picks_the_step_best_on_the_selection_split():
+    tables = build_tables(_collected({"tiny_test": "tiny_val"}))
+    (selected,) = tables["selected"]
+    assert selected.columns == ["tiny_test", "average", "drop"]  # the selection split is no column
+    token, seq = _row(selected, "token"), _row(selected, "sequence")
+    assert token.entries["tiny_test"].mean == pytest.approx((45 + 50) / 2)  # steps 8 and 12
+    assert token.entries["tiny_test"].step is None and token.entries["tiny_test"].n == 2
+    assert token.steps_text == "s0@8 s1@12"
+    assert token.entries["average"].mean == pytest.approx(47.5)
+    assert seq.entries["tiny_test"].mean == pytest.approx(20.0)  # the tie at 55 goes to step 4
+    assert seq.entries["tiny_test"].step == 4 and seq.steps_text == "s0@4"
+    # the optimistic peak chose other steps: the best TEST step of the seed-mean curve
+    peak = next(t for t in tables["peak"] if t.definition == "peak_per_benchmark")
+    assert _row(peak, "token").entries["tiny_test"].step == 12
+    assert _row(peak, "token").entries["tiny_test"].mean == pytest.approx(55.0)
+    assert _row(peak, "sequence").entries["tiny_test"].mean == pytest.approx(35.0)
+    assert "tiny_val" not in peak.columns and "tiny_val" not in tables["last"][0].columns
+    # the base row is the same step-0 value in every table
+    assert _row(selected, "base (step 0)").entries["tiny_test"].mean == pytest.approx(10.0)
+
+
+def test_the_selected_table_is_named_so_it_cannot_be_taken_for_a_peak(tmp_path):
+    tables = build_tables(_collected({"tiny_test": "tiny_val"}))
+    md = to_markdown(tables["selected"], "x")
+    assert "selected: each seed's checkpoint chosen on the selection split" in md
+    assert "tiny_test on tiny_val" in md and "chosen step (per seed)" in md
+    assert "| token | s0@8 s1@12 | **47.5" in md
+    csv_text = to_csv(tables["selected"])
+    assert "selected,tiny,tiny,avg@4,token,rule,tiny_test,47.5" in csv_text
+    paths = write_tables(tables, tmp_path, "sel")
+    assert {p.name for p in paths} >= {"selected.md", "selected.csv", "selected.tex", "peak.md", "last.md"}
+    peak_md = (tmp_path / "peak.md").read_text()
+    assert "ON THE TEST BENCHMARK: optimistic; see selected.md" in peak_md.splitlines()[0]
+
+
+def test_without_selection_the_tables_are_as_before():
+    tables = build_tables(_collected(None))
+    assert set(tables) == {"peak", "last"}
+    peak = next(t for t in tables["peak"] if t.definition == "peak_per_benchmark")
+    assert peak.columns == ["tiny_test", "tiny_val", "average", "drop"]
+
+
+def test_a_selection_that_is_not_held_out_is_refused():
+    exp = grid.load_experiment(grid.REPO_ROOT / "configs" / "smoke.yaml")
+    problems = {
+        "tiny_test: tiny_val": ["the selection benchmark 'tiny_val' is not in benchmarks"],
+        "tiny_test: tiny_test": ["'tiny_test' is a test benchmark"],
+        "math500: tiny_test": ["'math500' is not in benchmarks"],
+    }
+    for spec, messages in problems.items():
+        test, sel = spec.split(": ")
+        exp["evaluation"]["selection"] = {test: sel}
+        found = grid._selection_problems(exp)
+        for m in messages:
+            assert any(m in p for p in found), (spec, found)
+    exp["benchmarks"] = ["tiny_test", "tiny_val"]
+    exp["evaluation"]["selection"] = {"tiny_test": "tiny_val"}
+    assert grid._selection_problems(exp) == []
+    grid.validate_experiment(exp)

@@ -1,0 +1,71 @@
+"""The warm start's skill phase on disk (`aggbench prepare-model tiny --skill-phase-only` and
+`--skill-from`): a model finished from a saved skill phase in another process is the model a
+plain `aggbench prepare-model tiny` writes, byte for byte, so the workflow may share the phase
+between the lab's models (workflow/rules/prepare.smk) without changing any result."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("torch")
+
+from aggbench.cli import main  # noqa: E402
+
+STEPS = ["--sft-steps", "6", "--probe-prompts", "2", "--quiet"]
+
+
+def _run(*args: str) -> None:
+    res = CliRunner().invoke(main, ["prepare-model", *args])
+    assert res.exit_code == 0, res.output
+
+
+def _bytes(model_dir) -> bytes:
+    return (model_dir / "model.safetensors").read_bytes()
+
+
+def test_models_finished_from_a_shared_skill_phase_equal_plain_warm_starts(tmp_path):
+    skill = tmp_path / "skill"
+    _run("tiny", "--skill-phase-only", "--sft-steps", "6", "--out", str(skill), "--quiet")
+    assert json.loads((skill / "skill_phase.json").read_text())["skill_steps"] == 3
+    for knobs in ([], ["--gap", "negative", "--spread", "high"]):
+        name = "-".join(knobs[1::2]) or "default"
+        plain, shared = tmp_path / f"plain-{name}", tmp_path / f"shared-{name}"
+        _run("tiny", *knobs, *STEPS, "--out", str(plain))
+        _run("tiny", *knobs, *STEPS, "--skill-from", str(skill), "--out", str(shared))
+        assert _bytes(shared) == _bytes(plain), name
+        rec_plain, rec_shared = (json.loads((d / "aggbench_model.json").read_text()) for d in (plain, shared))
+        assert rec_shared["probe"] == rec_plain["probe"]
+        assert rec_shared["sft_final_loss"] == rec_plain["sft_final_loss"]
+        assert rec_shared["skill_phase_from"] == "skill" and "skill_phase_from" not in rec_plain
+        # the same request: a plain rerun into the shared directory is a no-op, and vice versa
+        res = CliRunner().invoke(main, ["prepare-model", "tiny", *knobs, *STEPS[:2], "--out", str(shared)])
+        assert res.exit_code == 0 and "already prepared" in res.output, res.output
+    # the knobs do not enter the phase: its directory is unchanged by a second request
+    _run("tiny", "--skill-phase-only", "--sft-steps", "6", "--out", str(skill), "--quiet")
+
+
+def test_a_skill_phase_of_other_settings_is_refused_before_anything_is_written(tmp_path):
+    skill = tmp_path / "skill"
+    _run("tiny", "--skill-phase-only", "--sft-steps", "4", "--out", str(skill), "--quiet")
+    out = tmp_path / "m"
+    res = CliRunner().invoke(
+        main, ["prepare-model", "tiny", *STEPS, "--skill-from", str(skill), "--out", str(out)]
+    )
+    assert res.exit_code == 1
+    assert "--skill-from:" in res.output and "sft_steps: 4 -> 6" in res.output, res.output
+    assert not out.exists() and not list(tmp_path.glob("m.tmp-*"))
+    res = CliRunner().invoke(
+        main, ["prepare-model", "tiny", "--skill-phase-only", "--sft-steps", "6", "--out", str(skill)]
+    )
+    assert res.exit_code == 1 and "another warm start's skill phase" in res.output, res.output
+    not_a_phase = tmp_path / "empty"
+    not_a_phase.mkdir()
+    res = CliRunner().invoke(
+        main, ["prepare-model", "tiny", *STEPS, "--skill-from", str(not_a_phase), "--out", str(out)]
+    )
+    assert res.exit_code == 1 and "is not a finished skill phase" in res.output, res.output
+    res = CliRunner().invoke(main, ["prepare-model", "gpt2", "--skill-from", str(skill), "--out", str(out)])
+    assert res.exit_code == 2 and "apply to 'tiny' only" in res.output, res.output
