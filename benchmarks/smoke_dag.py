@@ -12,8 +12,8 @@ over it is reported, not failed: this script reports, it is not a test.
     .venv/bin/python benchmarks/smoke_dag.py [--baseline REV] [--rounds 1]
 
 Another grid: ``--configfile configs/lab.yaml --set 'seeds=[0]'`` times the lab (one seed: 12
-cells, the four warm starts) and prints cells per hour; ``--set`` takes Snakemake's ``--config``
-KEY=VALUE (VALUE is YAML). Every model's weights are compared byte for byte as well.
+cells, the four warm starts) and prints cells per hour; ``--set KEY.SUB=VALUE`` (VALUE read as
+YAML) edits that config for both trees. Every model's weights are compared byte for byte as well.
 """
 
 from __future__ import annotations
@@ -34,14 +34,33 @@ REPO = Path(__file__).resolve().parents[1]
 BUDGET_S = 15 * 60
 
 
-def run_dag(tree: Path, results: Path, configfile: str | None = None, sets: tuple[str, ...] = ()) -> float:
+def grid_config(configfile: str | None, sets: list[str], out: Path) -> Path | None:
+    """``configfile`` (default: configs/smoke.yaml) with each ``KEY.SUB=VALUE`` (VALUE read as YAML)
+    set, written to ``out``; None when nothing is to change (the Snakefile's default config)."""
+    if configfile is None and not sets:
+        return None
+    import yaml
+
+    cfg = yaml.safe_load((REPO / (configfile or "configs/smoke.yaml")).read_text())
+    for item in sets:
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = cfg
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = yaml.safe_load(value)
+    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return out
+
+
+def run_dag(tree: Path, results: Path, config: Path | None = None) -> float:
     """One DAG from ``tree`` (its Snakefile and its src/), results under ``results``; -> seconds."""
     snakemake = Path(sys.executable).with_name("snakemake")
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
-    config = ["--configfile", str(REPO / configfile)] if configfile else []
+    configfile = ["--configfile", str(config)] if config else []
     t0 = time.monotonic()
     proc = subprocess.run(
-        [str(snakemake), "--cores", "2", *config, "--config", f"results_dir={results}", *sets],
+        [str(snakemake), "--cores", "2", *configfile, "--config", f"results_dir={results}"],
         cwd=tree,
         env=env,
         capture_output=True,
@@ -81,11 +100,12 @@ def main() -> None:
             )
             trees = {f"baseline {args.baseline}": base, **trees}
         walls: dict[str, list[float]] = {name: [] for name in trees}
+        config = grid_config(args.configfile, args.sets, work / "grid.yaml")
         try:
             for r in range(args.rounds):
                 for name, tree in trees.items():
                     results = work / f"{name.split()[0]}-{r}" / "results"
-                    walls[name].append(run_dag(tree, results, args.configfile, tuple(args.sets)))
+                    walls[name].append(run_dag(tree, results, config))
                     cells = len([d for d in (results / "runs").iterdir() if d.is_dir()])
                     per_hour = cells * 3600 / walls[name][-1]
                     print(

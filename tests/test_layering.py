@@ -37,7 +37,15 @@ ALLOWED: dict[str, set[str]] = {
     # a run's MLflow tags, also written to its run files (the trainer writes, ingest reads them)
     "provenance": {"environment", "files", "layout"},
     "grading/": {"data/", "graders", "metric_names", "tiny/"},  # metric_names: the ledger's count names
-    "grid": {"aggregation/", "config", "config_errors", "data/", "errors", "layout"},
+    "grid": {
+        "aggregation/",
+        "config",
+        "config_errors",
+        "data/",
+        "errors",
+        "layout",
+        "tiny/",
+    },  # tiny/: the shared skill phases
     "rollout/": {"seeds"},
     "train/": {
         "aggregation/",

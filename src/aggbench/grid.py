@@ -459,6 +459,9 @@ def job_counts(exp: dict) -> dict[str, int]:
     base = len(exp["models"]) if exp["evaluation"].get("base_model", True) else 0
     train = sum(len(checkpoint_steps(exp, c.model)) for c in cs)
     gen = sum(len(eval_steps(exp, c.model)) for c in cs)
+    extra = len(exp["evaluation"].get("extra_seeds") or [])
+    from aggbench.tiny.lab import shared_skill_phases  # cheap: torch is imported inside functions
+
     return {
         "cells": len(cs),
         "prepare_model": len(exp["models"]),
@@ -469,6 +472,9 @@ def job_counts(exp: dict) -> dict[str, int]:
         "grade": gen * n_bench,
         "generate_base": base,
         "grade_base": base * n_bench,
+        "prepare_skill_phase": len(shared_skill_phases(exp["models"])),
+        "generate_eval_seed": gen * extra,
+        "grade_eval_seed": gen * n_bench * extra,
     }
 
 

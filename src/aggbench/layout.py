@@ -183,6 +183,12 @@ def greedy_dir(step_dir: str | Path) -> Path:
     return Path(step_dir) / GREEDY
 
 
+def eval_seed_dir(step_dir: str | Path, seed: int | str) -> Path:
+    """The folder of one extra evaluation seed (``evaluation.extra_seeds``) inside a step's samples
+    or eval folder: the same checkpoint sampled again, for the variance decomposition."""
+    return Path(step_dir) / f"eval_seed_{seed}"
+
+
 def complete_steps(run: str | Path) -> list[int]:
     """Steps with a committed checkpoint (``checkpoints/step_N/COMPLETE``), ascending."""
     root = checkpoints_root(run)

@@ -32,7 +32,9 @@ LEDGER_COUNTS = (
     "grading_timeouts",
 )
 # besides every avg@k/pass@k/maj@k: the proportions a metrics.json holds, logged to MLflow in percent
-PERCENT_NAMES = ("ci_low", "ci_high", "truncation_rate")
+PERCENT_NAMES = ("ci_low", "ci_high", "truncation_rate", "prob_correct", "prob_uncovered")
+# the built-in task's probability metric (aggbench.tiny.probability): computed, not sampled
+PROBABILITY = ("prob_correct", "prob_uncovered")
 # the greedy n=1 protocol's accuracy (evaluation.greedy): one decode per problem at temperature 0
 GREEDY = "greedy@1"
 # what the greedy protocol's metrics.json gives its benchmark in MLflow: {name: its field there}
@@ -86,7 +88,15 @@ def eval_metric_values(benchmark: str, metrics: Mapping[str, Any]) -> dict[str, 
         for m in metrics.get("metrics", [])
         if m in metrics
     }
-    for name in ("ci_low", "ci_high", "mean_length", "truncation_rate", *CONTEXT_COUNTS, *LEDGER_COUNTS):
+    for name in (
+        "ci_low",
+        "ci_high",
+        "mean_length",
+        "truncation_rate",
+        *PROBABILITY,
+        *CONTEXT_COUNTS,
+        *LEDGER_COUNTS,
+    ):
         if metrics.get(name) is not None:
             out[mlflow_key(benchmark, name)] = in_mlflow_units(name, metrics[name])
     greedy = metrics.get("greedy") or {}  # the greedy protocol's own metrics.json, where it ran

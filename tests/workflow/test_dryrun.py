@@ -112,3 +112,20 @@ def test_paper_commands_carry_the_model_overrides_and_stop_tokens(wf, tmp_path):
     for ln in grade:
         assert ln.count("aggbench score") == 1 and ln.count("/greedy/") == 2, ln
         assert "--greedy-samples" in ln and "--greedy-out" in ln, ln
+
+
+def test_extra_evaluation_seeds_add_one_generate_and_grade_per_evaluated_checkpoint(wf, tmp_path):
+    """evaluation.extra_seeds (the variance decomposition's second evaluation seed): cells only, the
+    same counts as grid.job_counts, sampled with --seed K into eval_seed_K/, no greedy decode again."""
+    over = {"seeds": [0, 1], "evaluation": {"extra_seeds": [1], "greedy": True}}
+    config = wf.write_config(tmp_path / "c.yaml", {**over, "results_dir": str(tmp_path / "r")})
+    proc = wf.run(["-n", "-p", "--configfile", str(config)])
+    counts = wf.job_counts(proc.stdout)
+    grid = job_counts(load_experiment(config))
+    assert counts["generate_eval_seed"] == grid["generate_eval_seed"] == 6 * 3  # 6 cells x 3 evaluations
+    assert counts["grade_eval_seed"] == grid["grade_eval_seed"] == 6 * 3
+    commands = [
+        line for line in proc.stdout.splitlines() if "aggbench generate" in line and "eval_seed_1" in line
+    ]
+    assert len(commands) == 18 and all("--seed 1 " in c and "--greedy" not in c for c in commands)
+    assert "tables/variance.md" in proc.stdout

@@ -85,6 +85,8 @@ def test_a_two_step_lab_runs_to_the_tables(wf, tmp_path, tiny_model):
             "limit": 2,
             "base_model": False,
             "selection": {"tiny_test": "tiny_val"},
+            # and an extra evaluation seed: its generate and grade jobs run, the report writes variance.md
+            "extra_seeds": [1],
         },
     }
     config = wf.write_config(tmp_path / "lab2.yaml", over, base=_lab(wf))
@@ -109,3 +111,9 @@ def test_a_two_step_lab_runs_to_the_tables(wf, tmp_path, tiny_model):
     selected = list(csv.DictReader((results / "tables" / "selected.csv").open()))
     chosen = {(r["model"], r["row"]) for r in selected if r["column"] == "tiny_test" and r["step"] == "2"}
     assert chosen == filled, selected  # one evaluated step: it is the one chosen
+    for name in models:
+        for rule in ("token", "sequence", "balanced"):
+            again = results / "runs" / f"{name}__tiny__{rule}__s0" / "eval" / "step_2" / "eval_seed_1"
+            assert {p.name for p in again.iterdir()} >= {"tiny_test.jsonl", "tiny_val.metrics.json"}
+    variance = (results / "tables" / "variance.md").read_text()
+    assert "needs >= 2 training seeds" in variance  # one seed here: tests/report/test_variance.py decomposes

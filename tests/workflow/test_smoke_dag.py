@@ -402,3 +402,45 @@ def test_every_compute_job_leaves_its_wall_time_and_the_breakdown_reads_them(wf,
     assert gen > 0 and upd > 0 and gen + upd + outside == pytest.approx(sum(w for _, w in walls["train"]))
     cell_time.main([str(results)])
     assert "outside steps" in capsys.readouterr().out
+
+
+def test_the_probability_metric_agrees_with_sampled_accuracy(wf, smoke_run, tmp_path):
+    """The built-in task's probability metric (aggbench.tiny.probability) on the smoke DAG's own
+    500-step model and its checkpoints: avg@4 of each evaluation lies in [prob_correct, prob_correct +
+    prob_uncovered] up to its sampling error (4 standard errors, from the per-problem probabilities);
+    then 64 samples of 32 problems pin it to about one point."""
+    results, _, _ = smoke_run
+    evaluations = [
+        m for m in results.glob("*/*/eval/step_*/tiny_test.metrics.json") if "eval_seed" not in str(m)
+    ]
+    assert len(evaluations) == 10  # the base model and 3 cells x 3 checkpoints
+    for path in evaluations:
+        metrics = json.loads(path.read_text())
+        run = path.parents[2]
+        gen = json.loads((run / "samples" / path.parent.name / "generation.json").read_text())
+        per = gen["benchmarks"]["tiny_test"]["probability"]["per_problem"]
+        var = sum(p * (1 - p) for p, _ in per.values()) / 4 / len(per) ** 2
+        low, high = metrics["prob_correct"], metrics["prob_correct"] + metrics["prob_uncovered"]
+        assert low - 4 * var**0.5 <= metrics["avg@4"] <= high + 4 * var**0.5, (path, metrics)
+        assert metrics["prob_uncovered"] < 0.1, path  # the warm start's styles cover the answers
+    from click.testing import CliRunner
+
+    from aggbench.cli import main
+
+    base = results / "models" / "tiny"
+    out = tmp_path / "many"
+    for args in (
+        ["generate", "--checkpoint", str(base), "--benchmarks", "tiny_test", "--out", str(out), "--n", "64",
+         "--limit", "32", "--quiet"],
+        ["score", "--benchmark", "tiny_test", "--samples", str(out / "tiny_test.jsonl"), "--out",
+         str(tmp_path / "many.jsonl"), "--quiet"],
+    ):  # fmt: skip
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 0, res.output
+    m = json.loads((tmp_path / "many.metrics.json").read_text())
+    per = json.loads((out / "generation.json").read_text())["benchmarks"]["tiny_test"]["probability"][
+        "per_problem"
+    ]
+    se = (sum(p * (1 - p) for p, _ in per.values()) / 64 / len(per) ** 2) ** 0.5
+    assert se < 0.012
+    assert m["prob_correct"] - 4 * se <= m["avg@64"] <= m["prob_correct"] + m["prob_uncovered"] + 4 * se, m

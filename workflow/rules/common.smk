@@ -30,6 +30,9 @@ GREEDY = bool(EVAL.get("greedy", False))
 # (selected.*: the tables whose checkpoints are chosen on a held-out split, with evaluation.selection)
 SELECTED = ("selected",) if grid.selection(config) else ()
 TABLES = [f"{t}.{ext}" for t in ("peak", "last", *SELECTED) for ext in ("md", "csv", "tex")] + ["values.csv"]
+# evaluation.extra_seeds: every evaluated checkpoint sampled again under each (eval_seed_K/ beside its
+# evaluation), for the report's variance decomposition (tables/variance.{md,csv})
+EXTRA_SEEDS = [int(k) for k in EVAL.get("extra_seeds") or []]
 
 
 # No '/' in any wildcard; cell and model names may hold '.' (qwen2.5-math-7b__dapo17k__token__s0).
@@ -40,6 +43,7 @@ wildcard_constraints:
     bench=r"[A-Za-z0-9_-]+",
     step=r"\d+",
     k=r"\d+",
+    eseed=r"\d+",
     key=r"[A-Za-z0-9_.-]+",
 
 
@@ -174,6 +178,13 @@ def eval_of(run, step, bench, greedy=False):
     return str(metrics.with_name(f"{bench}.jsonl")), str(metrics)
 
 
+def eval_seed_files(run, step, bench, eseed):
+    """(graded samples, metrics) of one benchmark at one step under an extra evaluation seed."""
+    metrics = layout.eval_metrics_file(run, step, bench)
+    folder = layout.eval_seed_dir(metrics.parent, eseed)
+    return str(folder / f"{bench}.jsonl"), str(folder / metrics.name)
+
+
 def grade_files(run, step, bench):
     """The grade rule's outputs: graded samples and metrics, and the greedy protocol's when on."""
     out = dict(zip(("graded", "metrics"), eval_of(run, step, bench)))
@@ -199,19 +210,9 @@ def skill_phases():
     """key -> the tiny models whose warm starts share that skill phase (the knob-free first half),
     for keys two or more models share: it runs once (rule prepare_skill_phase), and each of them
     continues from it with the weights its own warm start would give (tests/tiny/test_skill_phase.py)."""
-    from aggbench.tiny.lab import skill_phase_key, skill_phase_record
-    from aggbench.tiny.model import DEFAULT_SFT_STEPS
-    from aggbench.tiny.task import TaskConfig
+    from aggbench.tiny.lab import shared_skill_phases
 
-    groups = {}
-    for name, m in config["models"].items():
-        steps = m.get("sft_steps")
-        steps = DEFAULT_SFT_STEPS if steps is None else steps
-        if m["source"] != "tiny" or not steps:
-            continue
-        record = skill_phase_record(seed=0, steps=steps, task=TaskConfig(**(m.get("task") or {})))
-        groups.setdefault(skill_phase_key(record), []).append(name)
-    return {key: names for key, names in groups.items() if len(names) > 1}
+    return shared_skill_phases(config["models"])
 
 
 def skill_phase_of(model):
@@ -251,13 +252,27 @@ def grade_outputs():
     ]
     if BASE_EVAL:
         out += [eval_of(base_dir(m), 0, b)[1] for m in MODELS for b in BENCHMARKS]
-    return out
+    return out + extra_seed_outputs()
+
+
+def extra_seed_outputs():
+    """Every graded file of evaluation.extra_seeds (cells only: the variance is over training seeds)."""
+    return [
+        f
+        for c in CELLS.values()
+        for s in EVAL_STEPS[c.model]
+        for b in BENCHMARKS
+        for k in EXTRA_SEEDS
+        for f in eval_seed_files(run_dir(c.id), s, b, k)
+    ]
 
 
 def report_outputs():
     out = [str(layout.tables_dir(R) / name) for name in TABLES]
     if GREEDY:
         out += [str(layout.greedy_dir(layout.tables_dir(R)) / name) for name in TABLES]
+    if EXTRA_SEEDS:
+        out += [str(layout.tables_dir(R) / f"variance.{ext}") for ext in ("md", "csv")]
     return out
 
 
@@ -288,6 +303,7 @@ def kept_files():
             watched += [f for b in BENCHMARKS for f in grade_files(run_dir(c.id), s, b).values()]
     if BASE_EVAL:
         watched += [f for m in MODELS for b in BENCHMARKS for f in grade_files(base_dir(m), 0, b).values()]
+    watched += extra_seed_outputs()
     store = local_store()
     watched += [store] if store else []
     return report_outputs() + [f for f in watched if not Path(f).exists()]
@@ -323,6 +339,14 @@ def generate_args(model):
     """
     gpus = int(_resource_value("generate", model, "gpus") or 0)
     return " ".join(shlex.quote(a) for a in workflow_args(EVAL, config["models"][model], gpus))
+
+
+def eval_seed_args(model, eseed):
+    """generate_args without the greedy protocol (deterministic: sampled once is enough), and the
+    evaluation seed (the evaluation's own is --seed 0)."""
+    gpus = int(_resource_value("generate", model, "gpus") or 0)
+    args = workflow_args({**EVAL, "greedy": False}, config["models"][model], gpus)
+    return " ".join(shlex.quote(a) for a in [*args, "--seed", str(eseed)])
 
 
 def cell_signature(cell):

@@ -119,3 +119,52 @@ rule grade_base:
     shell:
         "{JOB_ENV} export OMP_NUM_THREADS=1; "
         + _score()
+
+
+# evaluation.extra_seeds: the same checkpoint sampled again under another evaluation seed, into
+# samples/step_N/eval_seed_K/ and graded into eval/step_N/eval_seed_K/, for the report's variance
+# decomposition (aggbench.report.variance: training seed vs evaluation sampling vs problems).
+
+
+rule generate_eval_seed:
+    input:
+        segment_marker("{cell}", "{step}"),
+        benchmark_lock(),
+    output:
+        [f"{layout.eval_seed_dir(samples_of(run_dir('{cell}'), '{step}'), '{eseed}')}/{b}.jsonl" for b in BENCHMARKS],
+        f"{layout.eval_seed_dir(samples_of(run_dir('{cell}'), '{step}'), '{eseed}')}/generation.json",
+    log:
+        f"{R}/logs/generate/{{cell}}/step_{{step}}_eval_seed_{{eseed}}.log",
+    benchmark:  # the job's wall time, CPU time and peak memory (benchmarks/cell_time.py)
+        f"{R}/logs/generate/{{cell}}/step_{{step}}_eval_seed_{{eseed}}.times.tsv",
+    params:
+        checkpoint=lambda wildcards: checkpoint_of(wildcards.cell, wildcards.step),
+        out=lambda wildcards: layout.eval_seed_dir(samples_of(run_dir(wildcards.cell), wildcards.step), wildcards.eseed),
+        benchmarks=",".join(BENCHMARKS),
+        fetched=benchmark_data(),
+        options=lambda wildcards: eval_seed_args(model_of_cell(wildcards), wildcards.eseed),
+    threads: rule_threads("generate", model_of_cell)
+    resources:
+        **rule_resources("generate", model_of_cell),
+    shell:
+        "{JOB_ENV} export OMP_NUM_THREADS={threads}; "
+        "aggbench generate --checkpoint {params.checkpoint} --benchmarks {params.benchmarks} "
+        "--fetched {params.fetched:q} --out {params.out} {params.options} --quiet > {log} 2>&1"
+
+
+rule grade_eval_seed:
+    input:
+        f"{layout.eval_seed_dir(samples_of(run_dir('{cell}'), '{step}'), '{eseed}')}/{{bench}}.jsonl",
+    output:
+        **dict(zip(("graded", "metrics"), eval_seed_files(run_dir("{cell}"), "{step}", "{bench}", "{eseed}"))),
+    log:
+        f"{R}/logs/grade/{{cell}}/step_{{step}}/eval_seed_{{eseed}}/{{bench}}.log",
+    benchmark:  # the job's wall time, CPU time and peak memory (benchmarks/cell_time.py)
+        f"{R}/logs/grade/{{cell}}/step_{{step}}/eval_seed_{{eseed}}/{{bench}}.times.tsv",
+    threads: rule_threads("grade", model_of_cell)
+    resources:
+        **rule_resources("grade", model_of_cell),
+    shell:
+        "{JOB_ENV} export OMP_NUM_THREADS=1; "
+        "aggbench score --benchmark {wildcards.bench} --samples {input} --out {output.graded} "
+        "--workers {threads} --quiet > {log} 2>&1"

@@ -165,6 +165,10 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
         col = collect(exp, client, metric=metric, rule_versions=_rule_versions(exp))
         tables = build_tables(col, mismatched={p.cell_id for p in errors})
     paths = write_tables(tables, out, exp["experiment"], col)
+    if exp["evaluation"].get("extra_seeds"):  # training seed vs evaluation sampling vs problems
+        from aggbench.report.variance import write_variance
+
+        paths += write_variance(exp, out)
     greedy: list[Path] = []
     if exp["evaluation"].get("greedy"):  # the greedy n=1 protocol's own tables, beside avg@n's
         with click_error(ValueError):

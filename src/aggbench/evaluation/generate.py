@@ -32,6 +32,7 @@ from aggbench.devices import check_device
 from aggbench.evaluation.context import PROMPT_TOO_LONG, model_context, response_budgets
 from aggbench.evaluation.context import summary as context_summary
 from aggbench.evaluation.options import GenerateOptions, greedy_options
+from aggbench.evaluation.probability import task_probability, tiny_task
 from aggbench.evaluation.score import (
     EvaluationError,
     write_json,
@@ -272,12 +273,16 @@ def generate_benchmarks(
     for spec, recs in zip(specs, records, strict=True):
         if not recs:
             raise EvaluationError(f"benchmark {spec.name}: no records (source {recs.source})")
+    task = tiny_task(options)  # (aggbench.evaluation.probability)
     t_start = time.perf_counter()
     loads_before = MODEL_LOADS
     context = options.max_context or model_context(checkpoint)
     engine, model, tokenizer = _make_engine(options.engine, checkpoint, options, context)
     load_s = time.perf_counter() - t_start
     summary = _sample_all(specs, records, engine, model, tokenizer, options, context, Path(out_dir))
+    for spec, recs in zip(specs, records, strict=True):  # the built-in task: computed, not sampled
+        if spec.builtin is not None:
+            summary[spec.name]["probability"] = task_probability(spec, recs, model, tokenizer, options, task)
     greedy = None
     if options.greedy:  # the greedy n=1 protocol, with the model already loaded
         greedy = _sample_all(

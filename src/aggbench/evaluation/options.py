@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -145,6 +146,14 @@ class GenerateOptions:
         "passes evaluation.greedy].",
     )
 
+    tiny_task: str | None = _flag(
+        None,
+        "--tiny-task",
+        'The built-in task\'s warm-start knobs as JSON (TaskConfig fields, e.g. {"gap": "negative"}) for '
+        "the probability metric of a tiny model on a built-in benchmark (aggbench.tiny.probability) [the "
+        "default task; the generate rule passes models.<m>.task].",
+    )
+
     def __post_init__(self) -> None:
         if isinstance(self.prompt_format, str):  # one name, as models.<m>.prompt_format may give it
             self.prompt_format = (self.prompt_format,)
@@ -246,6 +255,7 @@ WORKFLOW: tuple[FromConfig, ...] = (
     FromConfig("top_p", "model_sampling"),
     FromConfig("top_k", "model_sampling"),
     FromConfig("greedy", "evaluation", unless=(None, False)),  # off: the command line as before
+    FromConfig("tiny_task", "model_task", unless=(None,)),  # the default task: as before
 )
 
 
@@ -263,6 +273,7 @@ def workflow_args(evaluation: Mapping[str, Any], model: Mapping[str, Any], gpus:
         "model": model,
         "job": job,
         "model_sampling": model.get("evaluation_sampling") or {},
+        "model_task": {"tiny_task": json.dumps(model["task"], sort_keys=True) if model.get("task") else None},
     }
     args: list[str] = []
     for source in WORKFLOW:

@@ -216,10 +216,24 @@ def score_benchmark(
         metrics["notes"] = ["public tests only"] if metrics["public_tests_only"] else []
     if entry.programs:
         metrics["sandbox_layers"] = next((v["layers"] for v in verdicts if v.get("layers")), {})
+    metrics.update(_probability(Path(samples_path), spec.name))
     out_path = Path(out_path)
     write_jsonl(out_path, graded)
     write_json(metrics_path(out_path), metrics)
     return metrics
+
+
+def _probability(samples_path: Path, benchmark: str) -> dict[str, Any]:
+    """The probability metric that generation computed beside these samples (a built-in task
+    benchmark: generation.json's ``probability``), for metrics.json; {} where there is none."""
+    info = samples_path.parent / "generation.json"
+    if not info.is_file():
+        return {}
+    prob = (json.loads(info.read_text()).get("benchmarks", {}).get(benchmark) or {}).get("probability") or {}
+    keys = ("prob_correct", "prob_uncovered", "prob_uncovered_max")
+    if "prob_correct" not in prob:
+        return {"prob_skipped": prob["skipped"]} if prob.get("skipped") else {}
+    return {**{k: prob[k] for k in keys}, "prob_usable": prob["prob_uncovered"] < prob["usable_below"]}
 
 
 def check_samples(

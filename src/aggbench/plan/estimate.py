@@ -83,7 +83,9 @@ LOCAL_RULES = (
     "restart",
     "all",
 )
-SLURM_RULES = ("train", "generate", "grade", "generate_base", "grade_base", "report")
+SLURM_RULES = (
+    "train", "generate", "grade", "generate_base", "grade_base", "generate_eval_seed", "grade_eval_seed", "report",
+)  # fmt: skip
 
 
 def settings(exp: dict) -> tuple[dict[str, Any], list[str]]:
@@ -426,8 +428,9 @@ def grid_jobs(exp: dict) -> dict[str, Any]:
     """Jobs per rule as the Snakefile's DAG schedules them from scratch (grid.job_counts plus the
     rules it leaves out), split into SLURM-submitted and local rules."""
     j = job_counts(exp)
-    rules = {k: j[k] for k in ("prepare_model", "prepare_data", "fetch_benchmarks", "train", "generate",
-                               "grade", "generate_base", "grade_base")}  # fmt: skip
+    rules = {k: j[k] for k in ("prepare_skill_phase", "prepare_model", "prepare_data", "fetch_benchmarks",
+                               "train", "generate", "grade", "generate_base", "grade_base",
+                               "generate_eval_seed", "grade_eval_seed")}  # fmt: skip
     rules.update(experiment_config=1, cell_config=j["cells"], report=1, all=1)
     return {
         "rules": rules,

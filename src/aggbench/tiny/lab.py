@@ -112,6 +112,21 @@ def skill_phase_key(record: dict[str, Any]) -> str:
     return f"skill-{record['seed']}-{record['sft_steps']}-{digest}"
 
 
+def shared_skill_phases(models: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """{skill phase key: the models that share it}, for the keys two or more of ``models`` (an
+    experiment config's ``models``: tiny ones with ``sft_steps`` and ``task``) share."""
+    from aggbench.tiny.model import DEFAULT_SFT_STEPS
+
+    groups: dict[str, list[str]] = {}
+    for name, m in models.items():
+        steps = DEFAULT_SFT_STEPS if m.get("sft_steps") is None else m["sft_steps"]
+        if m.get("source") != "tiny" or not steps:
+            continue
+        record = skill_phase_record(seed=0, steps=steps, task=TaskConfig(**(m.get("task") or {})))
+        groups.setdefault(skill_phase_key(record), []).append(name)
+    return {key: names for key, names in groups.items() if len(names) > 1}
+
+
 def prepare_skill_phase(
     out_dir: str | Path, *, seed: int, steps: int, task: TaskConfig, progress: bool = False
 ) -> dict[str, Any] | None:
