@@ -94,7 +94,10 @@ def command(
 def _only_benchmark(results: str) -> str:
     from aggbench.plan.power import PowerError
 
-    names = {p.name[: -len(".metrics.json")] for p in Path(results).glob("runs/*/eval/step_*/*.metrics.json")}
+    from aggbench.layout import METRICS_SUFFIX
+
+    found = Path(results).glob(f"runs/*/eval/step_*/*{METRICS_SUFFIX}")
+    names = {p.name[: -len(METRICS_SUFFIX)] for p in found}
     if len(names) != 1:
         raise PowerError(f"{results}: give --benchmark (evaluated: {', '.join(sorted(names)) or 'none'})")
     return names.pop()

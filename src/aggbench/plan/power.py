@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from aggbench.errors import InputError
-from aggbench.layout import RUNS, eval_metrics_file
+from aggbench.layout import RUNS, eval_metrics_file, step_of
 
 N_MIN = 2  # a paired t test needs two pairs (df = 1)
 N_MAX = 1_000_000
@@ -171,9 +171,9 @@ def pilot(
 
 def _last_evaluated(run: Path, benchmark: str) -> int:
     steps = [
-        int(d.name.split("_")[1])
+        step
         for d in (run / "eval").glob("step_*")
-        if (d / f"{benchmark}.metrics.json").is_file()
+        if (step := step_of(d.name)) is not None and eval_metrics_file(run, step, benchmark).is_file()
     ]
     if not steps:
         raise PowerError(f"{run}: no evaluation of {benchmark!r} (eval/step_N/{benchmark}.metrics.json)")
