@@ -92,9 +92,8 @@ def command(
 
 
 def _only_benchmark(results: str) -> str:
-    from aggbench.plan.power import PowerError
-
     from aggbench.layout import METRICS_SUFFIX
+    from aggbench.plan.power import PowerError
 
     found = Path(results).glob(f"runs/*/eval/step_*/*{METRICS_SUFFIX}")
     names = {p.name[: -len(METRICS_SUFFIX)] for p in found}
