@@ -322,6 +322,39 @@ def _check_name(name: str) -> None:
         ) from None
 
 
+def _check_skill_from(skill_from: Path, seed: int, sft_steps: int, task: Any) -> None:
+    from aggbench.tiny.lab import check_skill_phase, skill_phase_record
+
+    try:
+        check_skill_phase(skill_from, skill_phase_record(seed=seed, steps=sft_steps, task=task))
+    except ValueError as err:
+        raise ModelDirError(f"--skill-from: {err}") from None
+
+
+def _tiny(
+    tmp: Path,
+    seed: int,
+    sft_steps: int,
+    task: Any,
+    progress: bool,
+    probe_prompts: int,
+    skill_from: Path | None,
+) -> dict[str, Any]:
+    """The tiny model built and warm-started in ``tmp``: its facts for aggbench_model.json."""
+    from aggbench.tiny.model import build_and_warm_start
+
+    facts = build_and_warm_start(
+        tmp,
+        seed=seed,
+        sft_steps=sft_steps,
+        task=task,
+        progress=progress,
+        probe_prompts=probe_prompts,
+        skill_from=skill_from,
+    )
+    return {**facts, "sampled_accuracy": facts["probe"]["accuracy"] if facts.get("probe") else None}
+
+
 def prepare_model(
     name: str,
     out_dir: Path,
@@ -360,13 +393,8 @@ def prepare_model(
     if _check_existing(out_dir, request, force):
         return None
     _check_name(name)
-    if skill_from is not None and name == TINY and sft_steps:
-        from aggbench.tiny.lab import check_skill_phase, skill_phase_record
-
-        try:  # before anything is written
-            check_skill_phase(Path(skill_from), skill_phase_record(seed=seed, steps=sft_steps, task=task))
-        except ValueError as err:
-            raise ModelDirError(f"--skill-from: {err}") from None
+    if skill_from is not None and name == TINY and sft_steps:  # before anything is written
+        _check_skill_from(Path(skill_from), seed, sft_steps, task)
 
     tmp = out_dir.parent / f"{out_dir.name}.tmp-{os.getpid()}"
     if tmp.exists():
@@ -376,19 +404,7 @@ def prepare_model(
     try:
         record: dict[str, Any] = dict(request)
         if name == TINY:
-            from aggbench.tiny.model import build_and_warm_start
-
-            facts = build_and_warm_start(
-                tmp,
-                seed=seed,
-                sft_steps=sft_steps,
-                task=task,
-                progress=not quiet,
-                probe_prompts=probe_prompts,
-                skill_from=skill_from,
-            )
-            record.update(facts)
-            record["sampled_accuracy"] = facts["probe"]["accuracy"] if facts.get("probe") else None
+            record.update(_tiny(tmp, seed, sft_steps, task, not quiet, probe_prompts, skill_from))
         elif Path(name).is_dir():
             shutil.copytree(name, tmp, symlinks=False)
             record["source"] = str(Path(name).resolve())

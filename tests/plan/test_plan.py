@@ -28,7 +28,7 @@ from click.testing import CliRunner
 
 from aggbench.cli import main
 from aggbench.plan.costmodel import BUILTIN_SHAPES, ModelShape, train_memory
-from aggbench.plan.estimate import LOCAL_RULES
+from aggbench.plan.jobs import LOCAL_RULES
 
 REPO = Path(__file__).resolve().parents[2]
 PAPER, SMOKE = REPO / "configs" / "paper.yaml", REPO / "configs" / "smoke.yaml"

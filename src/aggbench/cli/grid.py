@@ -37,7 +37,7 @@ def check(config: str, profile: str | None, fmt: str) -> None:
     benchmarks without fetched data, models without a prepared directory.
     """
     from aggbench.grid import job_counts, readiness_warnings, requests_gpus
-    from aggbench.plan.estimate import grid_jobs
+    from aggbench.plan.jobs import grid_jobs
 
     try:
         exp = _load(config)

@@ -39,11 +39,11 @@ from aggbench.grid import (
     cells,
     checkpoint_steps,
     eval_steps,
-    job_counts,
     requests_gpus,
     resource,
 )
 from aggbench.plan import costmodel as cm
+from aggbench.plan.jobs import grid_jobs
 from aggbench.rollout.vllm import EVAL_GPU_MEMORY_UTILIZATION
 
 # Defaults of the `plan:` block, each with its source (printed under "assumed" when used).
@@ -72,20 +72,6 @@ SOURCES: dict[str, str] = {
 # (../shared/data, see its PROVENANCE.md), which agree with the specs' descriptions.
 KNOWN_PROBLEMS = {"math500": 500, "aime24": 30, "aime25": 30, "minerva": 272, "olympiadbench": 675,
                   "livecodebench": 279}  # fmt: skip
-# restart: only when a deleted segment is retrained (workflow/rules/train.smk), never from scratch
-LOCAL_RULES = (
-    "prepare_skill_phase",
-    "prepare_model",
-    "prepare_data",
-    "fetch_benchmarks",
-    "experiment_config",
-    "cell_config",
-    "restart",
-    "all",
-)
-SLURM_RULES = (
-    "train", "generate", "grade", "generate_base", "grade_base", "generate_eval_seed", "grade_eval_seed", "report",
-)  # fmt: skip
 
 
 def settings(exp: dict) -> tuple[dict[str, Any], list[str]]:
@@ -424,22 +410,6 @@ def memory_plan(
     }
 
 
-def grid_jobs(exp: dict) -> dict[str, Any]:
-    """Jobs per rule as the Snakefile's DAG schedules them from scratch (grid.job_counts plus the
-    rules it leaves out), split into SLURM-submitted and local rules."""
-    j = job_counts(exp)
-    rules = {k: j[k] for k in ("prepare_skill_phase", "prepare_model", "prepare_data", "fetch_benchmarks",
-                               "train", "generate", "grade", "generate_base", "grade_base",
-                               "generate_eval_seed", "grade_eval_seed")}  # fmt: skip
-    rules.update(experiment_config=1, cell_config=j["cells"], report=1, all=1)
-    return {
-        "rules": rules,
-        "slurm": sum(rules[r] for r in SLURM_RULES),
-        "local": sum(rules.get(r, 0) for r in LOCAL_RULES),
-        "total": sum(rules.values()),
-    }
-
-
 def build_plan(exp: dict, config: str | os.PathLike | None = None) -> dict[str, Any]:
     """The whole plan of a validated experiment (``grid.load_experiment``), JSON-serialisable."""
     plan, assumed = settings(exp)
@@ -455,7 +425,10 @@ def build_plan(exp: dict, config: str | os.PathLike | None = None) -> dict[str, 
         n_eval = len(eval_steps(exp, c.model))
         train_h = mp["train_gpu_hours_per_cell"]
         per_ckpt = mp["eval_gpu_hours_per_checkpoint"]
-        eval_h = None if per_ckpt is None else per_ckpt * n_eval
+        # each extra evaluation seed samples the checkpoint again (without the greedy decode, which
+        # this counts too: an upper bound when evaluation.greedy is on)
+        again = 1 + len(exp["evaluation"].get("extra_seeds") or [])
+        eval_h = None if per_ckpt is None else per_ckpt * n_eval * again
         unknown |= (train_h is None and mp["train_gpus"] > 0) or (eval_h is None and mp["generate_gpus"] > 0)
         totals["train_gpu_hours"] += train_h or 0.0
         totals["eval_gpu_hours"] += eval_h or 0.0
@@ -486,7 +459,7 @@ def build_plan(exp: dict, config: str | os.PathLike | None = None) -> dict[str, 
         for section, count in (("train", n_cells * len(checkpoint_steps(exp, m))), ("generate", n_eval)):
             hours = float(resource(exp, section, m, "runtime")) / 60
             totals["requested_gpu_hours"] += count * int(resource(exp, section, m, "gpus") or 0) * hours
-    grade_jobs = jobs["rules"]["grade"] + jobs["rules"]["grade_base"]
+    grade_jobs = jobs["rules"].get("grade", 0) + jobs["rules"].get("grade_base", 0)
     totals["requested_grade_cpu_hours"] = (
         grade_jobs
         * int(resource(exp, "grade", None, "cpus"))

@@ -160,11 +160,22 @@ def _grid(plan: dict[str, Any]) -> list[str]:
         f"{_h(tot['eval_gpu_hours'])} incl. base models {_h(base)}); {_h(tot['requested_gpu_hours'])} "
         "requested (GPUs x runtime limits)"
         + ("" if tot["complete"] else "  [incomplete: some GPU jobs have no throughput]"),
-        f"  grading: {rules['grade'] + rules['grade_base']} CPU jobs, "
+        f"  grading: {rules.get('grade', 0) + rules.get('grade_base', 0) + rules.get('grade_eval_seed', 0)} CPU jobs, "
         f"{_h(tot['requested_grade_cpu_hours'])} CPU-hours requested",
         f"  SLURM jobs: {jobs['slurm']} ("
         + ", ".join(
-            f"{r} {rules[r]}" for r in ("train", "generate", "grade", "generate_base", "grade_base", "report")
+            f"{r} {rules[r]}"
+            for r in (
+                "train",
+                "generate",
+                "grade",
+                "generate_base",
+                "grade_base",
+                "generate_eval_seed",
+                "grade_eval_seed",
+                "report",
+            )  # fmt: skip
+            if r in rules
         )
         + f"); local rules: {jobs['local']}; snakemake -n lists {jobs['total']}",
     ]

@@ -312,6 +312,29 @@ def _bench_note(note: str) -> str:
     return note
 
 
+def _mark_best(rows: Sequence[Row], columns: Sequence[str]) -> None:
+    """Bold the best value of each column as shown (rounded): the highest, the least drop; a
+    random-reward control is no contender."""
+    for k in columns:
+        shown = [
+            round(r.entries[k].mean, 1) for r in rows if r.entries[k].mean is not None and r.kind != "control"
+        ]
+        top = (min if k == DROP else max)(shown, default=None)
+        for r in rows:
+            e = r.entries[k]
+            e.best = r.kind != "control" and e.mean is not None and round(e.mean, 1) == top
+
+
+def _selected_about(chosen_on: Mapping[str, str], benches: Sequence[str]) -> list[str]:
+    """What the selected table says under its legend: how it chose, and what it could not."""
+    pairs = ", ".join(f"{t} on {v}" for t, v in chosen_on.items())
+    out = [SELECTED_NOTE.format(pairs=pairs)]
+    missing = [b for b in benches if b not in chosen_on]
+    if missing:
+        out.append(f"no selection benchmark for {', '.join(missing)}: not selected, left empty")
+    return out
+
+
 def build_tables(
     col: Collected, *, mismatched: Iterable[str] = (), reported: bool = True
 ) -> dict[str, list[Table]]:
@@ -379,23 +402,8 @@ def build_tables(
                 rep = _reported(col.exp, model, dataset, label, benches) if reported else {}
                 for k, e in row.entries.items():
                     e.reported = rep.get(k)
-            for k in columns:
-                shown = [
-                    round(r.entries[k].mean, 1)
-                    for r in rows
-                    if r.entries[k].mean is not None and r.kind != "control"  # a control is no contender
-                ]
-                top = (min if k == DROP else max)(shown, default=None)  # the least drop is the best
-                for r in rows:
-                    e = r.entries[k]
-                    e.best = r.kind != "control" and e.mean is not None and round(e.mean, 1) == top
-            extra = []
-            if definition == "selected":
-                pairs = ", ".join(f"{t} on {v}" for t, v in chosen_on.items())
-                missing = [b for b in benches if b not in chosen_on]
-                extra = [SELECTED_NOTE.format(pairs=pairs)]
-                if missing:
-                    extra.append(f"no selection benchmark for {', '.join(missing)}: not selected, left empty")
+            _mark_best(rows, columns)
+            extra = _selected_about(chosen_on, benches) if definition == "selected" else []
             table = Table(model, dataset, definition, col.metric, columns, rows, notes, n_seeds, extra)
             out[definition if definition in ("last", "selected") else "peak"].append(table)
     return out
