@@ -189,6 +189,14 @@ def eval_seed_dir(step_dir: str | Path, seed: int | str) -> Path:
     return Path(step_dir) / f"eval_seed_{seed}"
 
 
+def graded_file(run: str | Path, step: int | str, bench: str, eval_seed: int | str | None = None) -> Path:
+    """The graded samples of one benchmark at one step (beside its metrics file): the evaluation's
+    own (``eval_seed`` None), or the one under an extra evaluation seed."""
+    metrics = eval_metrics_file(run, step, bench)
+    folder = metrics.parent if eval_seed is None else eval_seed_dir(metrics.parent, eval_seed)
+    return folder / f"{bench}.jsonl"
+
+
 def complete_steps(run: str | Path) -> list[int]:
     """Steps with a committed checkpoint (``checkpoints/step_N/COMPLETE``), ascending."""
     root = checkpoints_root(run)

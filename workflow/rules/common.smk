@@ -180,9 +180,8 @@ def eval_of(run, step, bench, greedy=False):
 
 def eval_seed_files(run, step, bench, eseed):
     """(graded samples, metrics) of one benchmark at one step under an extra evaluation seed."""
-    metrics = layout.eval_metrics_file(run, step, bench)
-    folder = layout.eval_seed_dir(metrics.parent, eseed)
-    return str(folder / f"{bench}.jsonl"), str(folder / metrics.name)
+    graded = layout.graded_file(run, step, bench, eseed)
+    return str(graded), str(graded.with_name(layout.eval_metrics_file(run, step, bench).name))
 
 
 def grade_files(run, step, bench):
@@ -337,16 +336,19 @@ def generate_args(model):
 
     vLLM spans the generate job's GPUs with tensor parallelism (resources.generate.gpus, per model).
     """
+    return _generate_args(model, EVAL)
+
+
+def _generate_args(model, evaluation, extra=()):
     gpus = int(_resource_value("generate", model, "gpus") or 0)
-    return " ".join(shlex.quote(a) for a in workflow_args(EVAL, config["models"][model], gpus))
+    args = workflow_args(evaluation, config["models"][model], gpus)
+    return " ".join(shlex.quote(a) for a in [*args, *extra])
 
 
 def eval_seed_args(model, eseed):
     """generate_args without the greedy protocol (deterministic: sampled once is enough), and the
     evaluation seed (the evaluation's own is --seed 0)."""
-    gpus = int(_resource_value("generate", model, "gpus") or 0)
-    args = workflow_args({**EVAL, "greedy": False}, config["models"][model], gpus)
-    return " ".join(shlex.quote(a) for a in [*args, "--seed", str(eseed)])
+    return _generate_args(model, {**EVAL, "greedy": False}, ["--seed", str(eseed)])
 
 
 def cell_signature(cell):

@@ -226,7 +226,9 @@ def score_benchmark(
 def _probability(samples_path: Path, benchmark: str) -> dict[str, Any]:
     """The probability metric that generation computed beside these samples (a built-in task
     benchmark: generation.json's ``probability``), for metrics.json; {} where there is none."""
-    info = samples_path.parent / "generation.json"
+    from aggbench.evaluation.generate import GENERATION_FILE  # (generate imports this module)
+
+    info = samples_path.parent / GENERATION_FILE
     if not info.is_file():
         return {}
     prob = (json.loads(info.read_text()).get("benchmarks", {}).get(benchmark) or {}).get("probability") or {}

@@ -106,14 +106,6 @@ def _per_problem(path: Path) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in hits.items()}
 
 
-def graded_file(run: Path, step: int, bench: str, eval_seed: int | None) -> Path:
-    """The graded samples of one benchmark at one step: the evaluation's own (None), or the one
-    under an extra evaluation seed."""
-    metrics = layout.eval_metrics_file(run, step, bench)
-    folder = metrics.parent if eval_seed is None else layout.eval_seed_dir(metrics.parent, eval_seed)
-    return folder / f"{bench}.jsonl"
-
-
 @dataclass(frozen=True)
 class Row:
     model: str
@@ -136,28 +128,28 @@ def variance_rows(exp: dict) -> tuple[list[Row], list[str]]:
     for (model, dataset, rule), cells in groups.items():
         steps = grid.eval_steps(exp, model)
         for bench in grid.test_benchmarks(exp):
+            where = f"{model} / {dataset} / {rule} / {bench}"
+            if len(cells) < 2 or not extra:
+                notes.append(f"{where}: needs >= 2 training seeds and evaluation.extra_seeds")
+                continue
             step = next(
                 (
                     t
                     for t in sorted(steps, reverse=True)
                     if all(
-                        graded_file(layout.run_dir(results, c.id), t, bench, k).is_file()
+                        layout.graded_file(layout.run_dir(results, c.id), t, bench, k).is_file()
                         for c in cells
                         for k in [None, *extra]
                     )
                 ),
                 None,
             )
-            where = f"{model} / {dataset} / {rule} / {bench}"
-            if len(cells) < 2 or not extra:
-                notes.append(f"{where}: needs >= 2 training seeds and evaluation.extra_seeds")
-                continue
             if step is None:
                 notes.append(f"{where}: no step is graded under every training and evaluation seed yet")
                 continue
             per = [
                 [
-                    _per_problem(graded_file(layout.run_dir(results, c.id), step, bench, k))
+                    _per_problem(layout.graded_file(layout.run_dir(results, c.id), step, bench, k))
                     for k in [None, *extra]
                 ]
                 for c in cells

@@ -81,7 +81,7 @@ def warm_start_settings(
 # phase is written once to a directory (weights, tokenizer, and in SKILL_STATE the optimizer state,
 # the example stream's RNG and the losses) and every model continues from it. Each continuation is
 # what ``sft_warm_start`` would have written alone (tests/tiny/test_skill_phase.py compares the
-# weights bit for bit); the jobs then run side by side, one thread each.
+# weights bit for bit).
 
 SKILL_STATE = "sft_state.pt"
 SKILL_RECORD = "skill_phase.json"
