@@ -68,7 +68,8 @@ ALLOWED: dict[str, set[str]] = {
     # other trainers' modes (audit/) and may log to MLflow through tracking's public API
     "integrations/": {"aggregation/", "audit/", "errors", "tracking"},
     "report/": {"config", "data/", "files", "grid", "layout", "metric_names", "provenance", "tracking"}
-    | {"aggregation/"},  # explain_render: the explain batch's types, for annotations only (no torch)
+    | {"aggregation/"}  # explain_render: the explain batch's types, for annotations only (no torch)
+    | {"tiny/"},  # lab_v2: the built-in task's answer styles (tiny/task imports no torch)
     "plan/": {"data/", "errors", "grid", "layout", "rollout/", "tiny/"},  # errors: PowerError
     "cli/": {"*"},
 }

@@ -366,6 +366,7 @@ def prepare_model(
     verbosity: int | None = None,
     gap: str | None = None,
     spread: str | None = None,
+    verbose_share: float | None = None,
     probe_prompts: int = 32,
     config_overrides: dict[str, Any] | None = None,
     force: bool = False,
@@ -377,18 +378,24 @@ def prepare_model(
     ``skill_from`` (tiny only): continue the warm start from that saved skill phase (the same
     weights, so not part of the request).
 
-    The tiny model's record holds its task config (``task``); the lab knobs ``gap`` and ``spread``
-    appear there only when they differ from the default task, so directories prepared before the
+    The tiny model's record holds its task config (``task``); the lab knobs (``gap``, ``spread``,
+    ``verbose_share``) appear there only when they differ from the default task, so directories prepared before the
     knobs existed still match a default request.
     """
     from aggbench.tiny.model import DEFAULT_SFT_STEPS  # cheap: torch is imported lazily there
-    from aggbench.tiny.task import TaskConfig
+    from aggbench.tiny.task import KNOBS, TaskConfig
 
     out_dir = Path(out_dir)
-    overrides = {"worked_fraction": worked_fraction, "verbosity": verbosity, "gap": gap, "spread": spread}
+    overrides = {
+        "worked_fraction": worked_fraction,
+        "verbosity": verbosity,
+        "gap": gap,
+        "spread": spread,
+        "verbose_share": verbose_share,
+    }
     task = replace(TaskConfig(), **{k: v for k, v in overrides.items() if v is not None})
     sft_steps = DEFAULT_SFT_STEPS if sft_steps is None else sft_steps
-    task_fields = {k: v for k, v in asdict(task).items() if k not in ("gap", "spread") or k in task.knobs()}
+    task_fields = {k: v for k, v in asdict(task).items() if k not in KNOBS or k in task.knobs()}
     request = _request(name, revision, seed, sft_steps, task_fields, config_overrides or {})
     if _check_existing(out_dir, request, force):
         return None

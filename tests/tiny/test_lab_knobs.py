@@ -15,7 +15,10 @@ from aggbench.tiny.task import (
     BOX,
     PAD_LINES,
     PAD_PROB,
+    TAIL_LINES,
+    TAIL_PROB,
     TaskConfig,
+    hop_line,
     make_task,
     response_style,
     sample_problem,
@@ -98,10 +101,48 @@ def test_high_spread_pads_either_style_at_the_configured_rate():
     assert cfg.max_response_tokens() == TaskConfig().max_response_tokens() + 7 * PAD_LINES
 
 
+def test_line_gaps_make_a_guess_one_line_shorter_or_longer_than_its_worked_answer():
+    for verbosity in (0, 1, 2):
+        rng = random.Random(verbosity)
+        for p in [sample_problem(rng, TaskConfig()) for _ in range(50)]:
+            line = len(hop_line(1, "a", "b", verbosity)) + 1  # a hop line and its newline, in tokens
+            for gap, sign in (("positive_line", 1), ("negative_line", -1)):
+                cfg = TaskConfig(gap=gap, verbosity=verbosity)
+                worked, guess = (_tokens(style_target(p, cfg, s)) for s in ("worked", "guess"))
+                assert worked - guess == sign * line
+                assert response_style(style_target(p, cfg, "guess")) == "guess"
+
+
+def test_tail_spread_pads_after_the_box_at_its_rate_and_keeps_the_reward():
+    cfg = TaskConfig(gap="negative_line", spread="tail")
+    examples = sft_examples(random.Random(0), cfg, 4000)
+    for style in ("worked", "guess"):
+        padded = [t.endswith(f"wait {TAIL_LINES}") for _, t, s in examples if s == style]
+        assert abs(statistics.mean(padded) - TAIL_PROB) < 0.03  # independent of the style
+    for _, target, style in examples[:200]:
+        answer = target.split(BOX)[1].split("}")[0]
+        assert task_reward(target, answer) == 1.0 and response_style(target) == style
+    assert cfg.max_response_tokens() == TaskConfig(gap="negative_line").max_response_tokens() + 7 * TAIL_LINES
+
+
+def test_verbose_share_writes_that_share_of_worked_answers_at_verbosity_two():
+    cfg = TaskConfig(verbose_share=0.5)
+    examples = sft_examples(random.Random(0), cfg, 4000)
+    worked = [t for _, t, s in examples if s == "worked"]
+    verbose = [response_style(t, verbose=True) == "verbose" for t in worked]
+    assert abs(statistics.mean(verbose) - 0.5) < 4 * (0.25 / len(verbose)) ** 0.5  # 4 standard errors
+    assert all(t.startswith(BOX) and "\n" not in t for _, t, s in examples if s == "guess")  # the box alone
+    assert cfg.knobs() == {"verbose_share": 0.5}
+    assert cfg.max_response_tokens() > TaskConfig().max_response_tokens() + 60  # 29 tokens a hop, not 7
+
+
 def test_bad_knob_values_name_the_field_and_the_choices():
-    with pytest.raises(ValueError, match=r"gap must be one of \('positive', 'negative'\), got 'longer'"):
+    with pytest.raises(
+        ValueError,
+        match=r"gap must be one of \('positive', 'negative', 'positive_line', 'negative_line'\), got 'longer'",
+    ):
         TaskConfig(gap="longer")
-    with pytest.raises(ValueError, match=r"spread must be one of \('low', 'high'\), got 'wide'"):
+    with pytest.raises(ValueError, match=r"spread must be one of \('low', 'high', 'tail'\), got 'wide'"):
         TaskConfig(spread="wide")
 
 
@@ -121,6 +162,8 @@ def test_shared_warm_starts_equal_separate_ones(tmp_path):
         sft_warm_start(alone, steps=4, batch_size=4, seed=1, task=cfg, progress=False)
         a, b = (AutoModelForCausalLM.from_pretrained(d).state_dict() for d in (shared[name], alone))
         assert all(torch.equal(a[k], b[k]) for k in a), name
+    with pytest.raises(ValueError, match=r"skill_steps must be in \[0, steps=4\], got 5"):
+        warm_start_settings(tmp_path / "y", settings, steps=4, skill_steps=5)
     with pytest.raises(ValueError, match="share no skill phase"):
         warm_start_settings(tmp_path / "x", {"a": TaskConfig(), "b": TaskConfig(n_nodes=5)}, steps=2)
 

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from aggbench.aggregation import builtin_instances
 from aggbench.config import load_train_config
 from aggbench.layout import complete_steps
+from aggbench.report.lab_v2 import rule_problem
 from aggbench.tracking import metric_history
 from aggbench.train.loop import train
 from helpers.trainer_support import metrics_rows, stable, write_cell
@@ -46,6 +47,9 @@ def test_trains_and_logs(tmp_path, tiny_sft_model, tiny_train_data, rule):
             assert f"agg/{name}/weight_pos" in r and f"agg/{name}/pg_loss" in r
         assert 0.0 <= r["reward/mean"] <= 1.0 and math.isfinite(r["grad_norm"])
     assert any(r["groups/zero_variance"] < r["groups/total"] for r in rows), "no reward variance at all"
+    # the loss the trainer applied is the named rule's, and told apart from the others' (lab v2's check)
+    assert rule_problem(rows, rule) is None
+    assert all(r["loss/weight_sq"] == pytest.approx(r[f"agg/{rule}/weight_sq"], rel=1e-5) for r in rows)
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("test")
     (mrun,) = client.search_runs([exp.experiment_id])

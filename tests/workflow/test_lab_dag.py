@@ -1,20 +1,23 @@
-"""configs/lab.yaml, the controlled length-bias lab: its dry run is the grid the lab promises (4 knob
-settings x 3 rules x 3 seeds, each setting's knobs reaching `aggbench prepare-model`), and a 2-step
-version of it (1 seed, a few prompts) runs through Snakemake to the tables."""
+"""configs/lab.yaml and configs/lab_v2.yaml, the controlled length-bias labs: their dry runs are the
+grids the labs promise (v1: 4 knob settings x 3 rules x 3 seeds; v2: 5 settings, its seeds), each
+setting's knobs reaching `aggbench prepare-model`, and a 2-step version of v2 (1 seed, a few prompts)
+runs through Snakemake to the tables and to v2's checks and decisions (aggbench.report.lab_v2)."""
 
 from __future__ import annotations
 
 import csv
+import json
 import re
 
 import pytest
 import yaml
 
 from aggbench.grid import load_experiment
+from aggbench.layout import eval_metrics_file
 
 
-def _lab(wf):
-    return wf.REPO / "configs" / "lab.yaml"
+def _lab(wf, name="lab"):
+    return wf.REPO / "configs" / f"{name}.yaml"
 
 
 def test_lab_grid_is_four_knob_settings_by_three_rules_by_three_seeds(wf, tmp_path):
@@ -63,12 +66,45 @@ def test_lab_grid_is_four_knob_settings_by_three_rules_by_three_seeds(wf, tmp_pa
         assert longest < cfg.sampling.max_new_tokens <= exp["evaluation"]["max_tokens"], name
 
 
+def test_lab_v2_grid_is_five_settings_by_three_rules_by_its_seeds(wf, tmp_path):
+    exp = load_experiment(_lab(wf, "lab_v2"))
+    assert {name: m["task"] for name, m in exp["models"].items()} == {
+        "tiny-pos-low": {"gap": "positive_line", "spread": "low"},
+        "tiny-pos-high": {"gap": "positive_line", "spread": "tail"},
+        "tiny-neg-low": {"gap": "negative_line", "spread": "low"},
+        "tiny-neg-high": {"gap": "negative_line", "spread": "tail"},
+        "tiny-control": {"verbose_share": 0.5},
+    }
+    proc = wf.run(
+        ["-n", "-p", "--configfile", str(_lab(wf, "lab_v2")), "--config", f"results_dir={tmp_path / 'r'}"]
+    )
+    counts = wf.job_counts(proc.stdout)
+    cells = 5 * 3 * len(exp["seeds"])
+    assert counts["train"] == cells and counts["generate"] == cells and counts["prepare_model"] == 5, counts
+    assert counts["prepare_skill_phase"] == 1, counts  # all five share the knob-free first half
+    commands = re.findall(r"aggbench prepare-model tiny (?!--skill-phase-only)[^>]*", proc.stdout)
+    assert any("--verbose-share 0.5 " in c and "tiny-control " in c for c in commands), commands
+    assert any("--gap negative_line " in c and "--spread tail " in c for c in commands), commands
+    from aggbench.grid import cell_train_config
+    from aggbench.tiny.task import TaskConfig
+
+    for name, m in exp["models"].items():
+        cfg = cell_train_config(exp, f"{name}__tiny__token__s0")
+        longest = TaskConfig(**m["task"]).max_response_tokens()
+        assert longest < cfg.sampling.max_new_tokens <= exp["evaluation"]["max_tokens"], name
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_a_two_step_lab_runs_to_the_tables(wf, tmp_path, tiny_model):
-    """The lab config itself, shrunk: 2 steps, 1 seed, 4 prompts x 4 samples, 2 test problems. Two of
-    the four models (the extremes), each the DAG tests' shared tiny model (preparing each setting's warm start is
-    `aggbench prepare-model`'s job, tested with the knobs in tests/tiny; here the grid is)."""
+def test_a_two_step_lab_v2_runs_to_the_tables_and_its_checks(wf, tmp_path, tiny_model):
+    """Lab v2's config itself, shrunk: 2 steps, 1 seed, 4 prompts x 4 samples, 2 test problems. Two of
+    the five models (a gap arm with tail padding, and the control), each the DAG tests' shared tiny
+    model (preparing each setting's warm start is `aggbench prepare-model`'s job, tested with the
+    knobs in tests/tiny; here the grid is). v2's checks then run on the real run files: every cell
+    trained its named rule (its logged loss and weights), the control's verbose share is read from
+    its graded samples, and the probability metric is there."""
+    from aggbench.report.lab_v2 import apply_gate, load_cells, render
+
     results = tmp_path / "results"
     over = {
         "results_dir": str(results),
@@ -89,11 +125,9 @@ def test_a_two_step_lab_runs_to_the_tables(wf, tmp_path, tiny_model):
             "extra_seeds": [1],
         },
     }
-    config = wf.write_config(tmp_path / "lab2.yaml", over, base=_lab(wf))
-    # two of the four settings, the extremes (the dry run above checks all four reach prepare-model):
-    # 6 cells instead of 12, which halves the test's minutes
+    config = wf.write_config(tmp_path / "lab2.yaml", over, base=_lab(wf, "lab_v2"))
     cfg = yaml.safe_load(config.read_text())
-    cfg["models"] = {m: cfg["models"][m] for m in ("tiny-pos-low", "tiny-neg-high")}
+    cfg["models"] = {m: cfg["models"][m] for m in ("tiny-pos-high", "tiny-control")}
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     models = list(cfg["models"])
     for name in models:
@@ -102,9 +136,6 @@ def test_a_two_step_lab_runs_to_the_tables(wf, tmp_path, tiny_model):
 
     rows = list(csv.DictReader((results / "tables" / "last.csv").open()))
     last = [r for r in rows if r["table"] == "last" and r["column"] == "tiny_test"]
-    for name in models:
-        for rule in ("token", "sequence", "balanced"):
-            assert (results / "runs" / f"{name}__tiny__{rule}__s0" / "metrics.jsonl").is_file()
     filled = {(r["model"], r["row"]) for r in last if r["mean"] != "" and r["step"] == "2"}
     assert filled == {(m, rule) for m in models for rule in ("token", "sequence", "balanced")}, last
     assert {r["column"] for r in rows} == {"tiny_test", "average", "drop"}  # tiny_val selects, no column
@@ -117,3 +148,17 @@ def test_a_two_step_lab_runs_to_the_tables(wf, tmp_path, tiny_model):
             assert {p.name for p in again.iterdir()} >= {"tiny_test.jsonl", "tiny_val.metrics.json"}
     variance = (results / "tables" / "variance.md").read_text()
     assert "needs >= 2 training seeds" in variance  # one seed here: tests/report/test_variance.py decomposes
+
+    cells = load_cells(results, step=2, benchmark="tiny_test", metric="avg@1")
+    apply_gate(cells)
+    assert len(cells) == 6
+    assert [c.rule_problem for c in cells] == [None] * 6  # each trained its named rule, told apart
+    control = [c for c in cells if c.arm == "control"]
+    assert all(c.verbose_share is None or 0 <= c.verbose_share <= 100 for c in control)
+    assert all(0 <= c.sampled <= 100 for c in cells)
+    assert all(c.primary is None or 0 <= c.primary <= 100 for c in cells)  # None: the metric not usable there
+    for c in cells:  # the probability metric was computed for every cell (the lab's primary outcome)
+        ev = json.loads(eval_metrics_file(results / "runs" / c.cell, 2, "tiny_test").read_text())
+        assert 0 <= ev["prob_correct"] <= 1 and "prob_usable" in ev, ev
+    text = render(cells)
+    assert "Cells analysed:" in text and "not decidable" in text  # one seed: nothing to decide

@@ -112,12 +112,16 @@ def diagnostics(
     defaults to every registered rule at its defaults plus the built-in variants; pass the run's own
     instances merged in so a user's rule is reported too.
 
-    Keys: ``agg/<name>/weight_pos``, ``.../weight_neg``, ``.../weight_ratio``, ``.../pg_loss``. A rule
+    Keys: ``agg/<name>/weight_pos``, ``.../weight_neg``, ``.../weight_ratio``, ``.../weight_sq``,
+    ``.../pg_loss``. A rule
     weights each mini-batch on its own (what an update applies; a batch-scoped rule's weights of a
     mini-batch are not its rows of the whole batch's weights), so every value is computed per
     mini-batch from the weights ``inst(mask[rows], advantages[rows], group_ids[rows])`` and averaged
     over the mini-batches with equal weight, each being one optimiser update (every PPO epoch runs
-    the same mini-batches with the same weights, so this is the mean over the step's updates):
+    the same mini-batches with the same weights, so this is the mean over the step's updates; and
+    ``weight_sq`` = mean_k sum Â_k ** 2 over mini-batch k's tokens, which tells rules apart where
+    ``pg_loss`` cannot (sequence and balanced both give 0 at ratio 1 with binary rewards), comparable
+    with the trainer's ``loss/weight_sq``, computed from the weights its loss applied):
     ``weight_pos`` = mean_k sum |Â_k| over the positive-advantage tokens of mini-batch k (likewise
     ``weight_neg``), ``pg_loss`` = mean_k sum |Â_k| x unit_loss, comparable with the trainer's
     ``loss/pg`` (also a mean over updates), and ``weight_ratio`` = weight_pos / weight_neg (the
@@ -132,19 +136,21 @@ def diagnostics(
     parts = list(minibatches) if minibatches is not None else [torch.arange(mask.shape[0])]
     with torch.no_grad():
         for name, inst in insts.items():
-            wp = wn = loss = 0.0
+            wp = wn = loss = sq = 0.0
             for rows in parts:
                 if rows.numel() == 0:  # (an empty mini-batch is no update: the trainer skips it)
                     continue
                 eff = inst(mask[rows], advantages[rows], group_ids[rows])
                 p, n = sign_weights(eff, advantages[rows])
                 wp, wn = wp + p, wn + n
+                sq += float(eff.double().square().sum())
                 if unit_loss is not None:
                     loss += float((eff.abs() * unit_loss[rows]).sum())
             k = max(sum(1 for rows in parts if rows.numel()), 1)
             out[f"agg/{name}/weight_pos"] = wp / k
             out[f"agg/{name}/weight_neg"] = wn / k
             out[f"agg/{name}/weight_ratio"] = wp / wn if wn > 0 else math.nan
+            out[f"agg/{name}/weight_sq"] = sq / k
             if unit_loss is not None:
                 out[f"agg/{name}/pg_loss"] = loss / k
     return out

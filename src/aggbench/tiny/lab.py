@@ -38,6 +38,16 @@ SETTINGS: dict[str, TaskConfig] = {
     for gap in ("positive", "negative")
     for spread in ("low", "high")
 }
+# lab v2 (configs/lab_v2.yaml, docs/lab.md "Lab v2"): one-line gaps, padding after the box, and the
+# positive control (half the worked answers verbose)
+SETTINGS_V2: dict[str, TaskConfig] = {
+    **{
+        f"{gap[:3]}-{name}": TaskConfig(gap=gap, spread=spread)
+        for gap in ("positive_line", "negative_line")
+        for name, spread in (("low", "low"), ("high", "tail"))
+    },
+    "control": TaskConfig(verbose_share=0.5),
+}
 
 
 def warm_start_settings(
@@ -48,13 +58,16 @@ def warm_start_settings(
     seed: int = 0,
     batch_size: int = DEFAULT_SFT_BATCH,
     lr: float = DEFAULT_SFT_LR,
+    skill_steps: int | None = None,
 ) -> dict[str, Path]:
     """Warm-start one tiny model per setting into ``root/NAME``; returns the directories.
 
     The first half of the steps (``sft_warm_start``'s skill phase) does not depend on the knobs, so
     it runs once and each setting continues from a copy of its state: every directory holds what
     ``sft_warm_start(steps=steps, seed=seed, task=setting)`` would have written. The settings must
-    agree on everything but the knobs (their skill phases would differ otherwise).
+    agree on everything but the knobs (their skill phases would differ otherwise). ``skill_steps``
+    moves the split (default: half, as ``sft_warm_start``): a short knob phase after a longer skill
+    phase is a cheaper warm start, not the one ``sft_warm_start`` writes (tests/tiny/test_lab_knobs.py).
     """
     root = Path(root)
     skills = {skill_task(cfg) for cfg in settings.values()}
@@ -64,7 +77,9 @@ def warm_start_settings(
         )
     base = build_tiny_model(root / "_init", seed=seed)
     state = SftState.start(base, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
-    skill_steps = math.ceil(0.5 * steps)
+    skill_steps = math.ceil(0.5 * steps) if skill_steps is None else skill_steps
+    if not 0 <= skill_steps <= steps:
+        raise ValueError(f"skill_steps must be in [0, steps={steps}], got {skill_steps}")
     state.run(skills.pop(), range(skill_steps))
     out = {}
     for name, cfg in settings.items():
@@ -234,7 +249,8 @@ def measure(
     Returns accuracy, gap (mean length correct - incorrect; None without both), gap_within (the
     same inside each prompt group, averaged over the groups that have both), cv (pooled), cv_within
     (mean over groups of the group's CV), mean_len, worked_share (responses with a hop line),
-    accuracy_worked / accuracy_guess, truncated (share without eos) and n_responses.
+    accuracy_worked / accuracy_guess, verbose_share (the share of the worked answers at verbosity 2;
+    None without worked answers), truncated (share without eos) and n_responses.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -258,6 +274,11 @@ def measure(
 
     within = [g for g in (gap(idx) for idx in groups) if g is not None]
     by_style = {s: [r for r, st in zip(rewards, styles, strict=True) if st == s] for s in ("worked", "guess")}
+    verbose = [
+        response_style(t, verbose=True) == "verbose"
+        for t, s in zip(texts, styles, strict=True)
+        if s == "worked"
+    ]
     return {
         "accuracy": sum(rewards) / len(rewards),
         "gap": gap(range(len(texts))),
@@ -266,6 +287,7 @@ def measure(
         "cv_within": _mean([_cv([lengths[i] for i in idx]) for idx in groups]),
         "mean_len": sum(lengths) / len(lengths),
         "worked_share": len(by_style["worked"]) / len(texts),
+        "verbose_share": _mean(verbose),  # of the worked answers: verbosity 2 (verbose_share's form)
         "accuracy_worked": _mean(by_style["worked"]),
         "accuracy_guess": _mean(by_style["guess"]),
         "truncated": sum(n >= budget for n in lengths) / len(lengths),

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from aggbench.tiny.task import BOX, TaskConfig, make_task, response_style, sft_examples, task_reward
+from aggbench.tiny.task import BOX, KNOBS, TaskConfig, make_task, response_style, sft_examples, task_reward
 
 PAD, BOS, EOS, UNK = "<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
@@ -212,7 +212,7 @@ def sft_warm_start(
 
 def skill_task(task: TaskConfig) -> TaskConfig:
     """The warm start's first phase: worked answers only, no lab knobs."""
-    return replace(task, worked_fraction=1.0, gap=TaskConfig.gap, spread=TaskConfig.spread)
+    return replace(task, worked_fraction=1.0, **{k: getattr(TaskConfig, k) for k in KNOBS})
 
 
 @dataclass

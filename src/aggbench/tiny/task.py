@@ -34,6 +34,12 @@ only the warm-started model differs.
   wide as a worked line, one more of them than the longest worked answer has hop lines, so every
   guess is longer than every worked answer and the wrong answers (mostly guesses) are the long
   ones. ``"positive"`` (default) is the task above: the right answers are the long ones.
+- ``gap="positive_line"`` / ``"negative_line"`` (lab v2): a guess opens with ``hops - 1`` /
+  ``hops + 1`` filler lines, so it is exactly one line shorter / longer than the worked answer to
+  the same problem. Within a prompt group (one problem) the two styles then differ by one line
+  either way, so the two gap arms have the same gap size and nearly the same length CV (v1's
+  ``positive`` guess is the box alone, CV near 1, against ``negative``'s 0.13: the gap knob moved
+  the CV more than the spread knob did).
 - ``spread="high"``: with probability ``PAD_PROB`` an answer of either style opens with a block of
   ``PAD_LINES`` numbered padding lines (``wait 1`` ...), drawn independently of the style, so
   correctness does not change it. An all-or-nothing block, not a random line count, because the
@@ -42,6 +48,14 @@ only the warm-started model differs.
   block has CV sqrt((1 - q) / q) = 2.4 at q = 0.15, while a uniform line count has at most 0.58 and
   would lower the pooled CV. A wider hop range would also spread the lengths, but it changes the
   problems and their difficulty. ``"low"`` (default): no padding.
+- ``spread="tail"`` (lab v2): with probability ``TAIL_PROB`` an answer of either style *ends* with
+  ``TAIL_LINES`` padding lines after its box. After the box the answer is already decided, so the
+  padding cannot cost accuracy (v1's opening block did: worked answers 0.97 -> 0.85 right, which
+  made the padded worked failures the long wrong answers and turned pos-high's gap negative in RL).
+- ``verbose_share`` (lab v2's positive control): that share of the worked answers is written at
+  verbosity 2 (29 tokens a hop) instead of ``verbosity``: correct answers of two lengths, equally
+  right, so sequence aggregation's 1/|o| weighting must favour the short ones where token
+  aggregation (the unbiased policy gradient) has no preference.
 
 Records use the harness's canonical form ``{"id", "prompt", "answer"}``; the prompt is the user
 message only (the chat template is applied elsewhere). Test problems come from a fixed eighth of
@@ -58,11 +72,16 @@ from dataclasses import dataclass
 BOX = "\\boxed{"
 NODES = "abcdefghijklmnopqrstuvwxyz"
 VERBOSITY_LEVELS = (0, 1, 2)
-GAPS = ("positive", "negative")
-SPREADS = ("low", "high")
+GAPS = ("positive", "negative", "positive_line", "negative_line")
+SPREADS = ("low", "high", "tail")
 # spread="high": the share of warm-start answers that open with the padding block, and its lines.
 PAD_PROB = 0.15
 PAD_LINES = 9
+# spread="tail" (lab v2): the share of warm-start answers that end with a padding block after the
+# box, and its lines: half, so the block's own length CV is 1 (sqrt((1 - q) / q)).
+TAIL_PROB = 0.5
+TAIL_LINES = 6
+PAD_PROBS = {"high": PAD_PROB, "tail": TAIL_PROB}
 # One in TEST_BUCKETS of all problems (by hash) is reserved for test splits.
 TEST_BUCKETS = 8
 
@@ -140,6 +159,11 @@ def _filler_lines(word: str, numbers: range, verbosity: int) -> list[str]:
     return [f"{word} {n}".ljust(width, ".") for n in numbers]
 
 
+def tail_lines(verbosity: int) -> list[str]:
+    """``spread="tail"``'s padding block, the lines after the box."""
+    return _filler_lines("wait", range(1, TAIL_LINES + 1), verbosity)
+
+
 @dataclass(frozen=True)
 class TaskConfig:
     """Knobs of the task and of the warm-start answer mix.
@@ -161,7 +185,10 @@ class TaskConfig:
         ``"negative"`` (guesses, mostly wrong, open with filler lines and are the long ones); see
         the module docstring. A warm-start knob: the problems do not depend on it.
     spread: ``"low"`` (default: no padding) or ``"high"`` (a share ``PAD_PROB`` of the answers, of
-        either style, open with ``PAD_LINES`` padding lines); a warm-start knob like ``gap``.
+        either style, open with ``PAD_LINES`` padding lines) or ``"tail"`` (a share ``TAIL_PROB``
+        end with ``TAIL_LINES`` padding lines after the box); a warm-start knob like ``gap``.
+    verbose_share: share of the worked warm-start answers written at verbosity 2 (0: none, the
+        default); a warm-start knob like ``gap``.
     """
 
     n_nodes: int = 6
@@ -172,6 +199,7 @@ class TaskConfig:
     random_letters: bool = False
     gap: str = "positive"
     spread: str = "low"
+    verbose_share: float = 0.0
 
     def __post_init__(self) -> None:
         if not 3 <= self.n_nodes <= len(NODES):
@@ -188,41 +216,60 @@ class TaskConfig:
             raise ValueError(f"gap must be one of {GAPS}, got {self.gap!r}")
         if self.spread not in SPREADS:
             raise ValueError(f"spread must be one of {SPREADS}, got {self.spread!r}")
+        if not 0.0 <= self.verbose_share <= 1.0:
+            raise ValueError(f"verbose_share must be in [0, 1], got {self.verbose_share!r}")
 
     def max_response_tokens(self) -> int:
         """Tokens of the longest warm-start answer, eos included: size max_new_tokens at least this."""
         cycle = NODES[: self.n_nodes]
         mapping = tuple((c, cycle[(i + 1) % self.n_nodes]) for i, c in enumerate(cycle))
         longest = Problem(mapping=mapping, start="a", hops=self.max_hops)
-        targets = [style_target(longest, self, style, padded=self.spread == "high") for style in STYLES]
+        variants = [(s, False) for s in STYLES] + [("worked", True)] * (self.verbose_share > 0)
+        padded = self.spread != "low"
+        targets = [style_target(longest, self, s, padded=padded, verbose=v) for s, v in variants]
         return max(len(t) for t in targets) - len(BOX) + 1 + 1  # BOX is one token; eos
 
     def knobs(self) -> dict[str, str]:
         """The lab knobs that differ from the default task (empty for today's task)."""
-        return {k: getattr(self, k) for k in ("gap", "spread") if getattr(self, k) != getattr(TaskConfig, k)}
+        return {k: getattr(self, k) for k in KNOBS if getattr(self, k) != getattr(TaskConfig, k)}
 
 
 STYLES = ("worked", "guess")
+KNOBS = ("gap", "spread", "verbose_share")  # the warm-start knobs: the skill phase has none of them
 
 
-def style_target(problem: Problem, cfg: TaskConfig, style: str, *, padded: bool = False) -> str:
-    """A warm-start answer of ``style`` under ``cfg``'s knobs; ``padded`` opens it with the
-    spread knob's padding block."""
+def style_target(
+    problem: Problem, cfg: TaskConfig, style: str, *, padded: bool = False, verbose: bool = False
+) -> str:
+    """A warm-start answer of ``style`` under ``cfg``'s knobs; ``padded`` adds the spread knob's
+    padding block (before the answer for ``"high"``, after the box for ``"tail"``); ``verbose``
+    writes a worked answer at verbosity 2 (``verbose_share``)."""
+    guess = problem.guess_target()
     if style == "worked":
-        lines = [problem.worked_target(cfg.verbosity)]
-    elif cfg.gap == "negative":
-        lines = [*_filler_lines("skip", range(cfg.max_hops + 1), cfg.verbosity), problem.guess_target()]
+        lines = [problem.worked_target(2 if verbose else cfg.verbosity)]
+    elif cfg.gap == "positive":
+        lines = [guess]
     else:
-        lines = [problem.guess_target()]
-    if padded:
+        fillers = {
+            "negative": cfg.max_hops + 1,
+            "negative_line": problem.hops + 1,
+            "positive_line": problem.hops - 1,
+        }
+        lines = [*_filler_lines("skip", range(fillers[cfg.gap]), cfg.verbosity), guess]
+    if padded and cfg.spread == "tail":
+        lines += tail_lines(cfg.verbosity)
+    elif padded:
         lines = _filler_lines("wait", range(1, PAD_LINES + 1), cfg.verbosity) + lines
     return "\n".join(lines)
 
 
-def response_style(text: str) -> str:
-    """``"worked"`` when a response has a first hop line (after any padding), else ``"guess"``."""
-    starts = ("1) ", "step 1: ")
-    return "worked" if any(line.startswith(starts) for line in text.splitlines()) else "guess"
+def response_style(text: str, *, verbose: bool = False) -> str:
+    """``"worked"`` when a response has a first hop line (after any padding), else ``"guess"``; with
+    ``verbose``, a worked answer whose first hop line is at verbosity 2 is ``"verbose"``."""
+    first = next((line for line in text.splitlines() if line.startswith(("1) ", "step 1: "))), None)
+    if first is None:
+        return "guess"
+    return "verbose" if verbose and first.startswith("step 1: ") else "worked"
 
 
 def sample_problem(rng: random.Random, cfg: TaskConfig) -> Problem:
@@ -299,16 +346,19 @@ def make_validation(
 
 def sft_examples(rng: random.Random, cfg: TaskConfig, n: int) -> list[tuple[str, str, str]]:
     """``n`` warm-start examples ``(prompt, target, style)`` from the training half; style is
-    ``"worked"`` with probability ``cfg.worked_fraction``, else ``"guess"``. With ``spread="high"``
-    one more draw per example decides the padding (so the default task draws exactly as before)."""
+    ``"worked"`` with probability ``cfg.worked_fraction``, else ``"guess"``. With a spread other than
+    ``"low"`` one more draw per example decides the padding, and with ``verbose_share`` one more per
+    worked example its verbosity (so the default task draws exactly as before)."""
     out = []
     for _ in range(n):
         p = sample_problem(rng, cfg)
         while p.is_test():
             p = sample_problem(rng, cfg)
         style = "worked" if rng.random() < cfg.worked_fraction else "guess"
-        padded = cfg.spread == "high" and rng.random() < PAD_PROB
-        out.append((p.prompt, style_target(p, cfg, style, padded=padded), style))
+        padded = cfg.spread != "low" and rng.random() < PAD_PROBS[cfg.spread]
+        # drawn only when the knob is on, so settings without it draw exactly as before
+        verbose = style == "worked" and cfg.verbose_share > 0 and rng.random() < cfg.verbose_share
+        out.append((p.prompt, style_target(p, cfg, style, padded=padded, verbose=verbose), style))
     return out
 
 

@@ -78,6 +78,7 @@ def record(
     row["accuracy"] = float((r > 0.5).double().mean())
     row["response/truncated_frac"] = 1.0 - sum(finished) / len(finished)
     row["loss/pg"] = upd.pg_loss / n_upd
+    row["loss/weight_sq"] = upd.weight_sq / n_upd
     row["loss/kl"] = upd.kl / n_upd
     row["entropy"] = upd.entropy / n_upd
     row["clip_frac"] = upd.clipped / max(upd.tokens, 1.0)

@@ -116,7 +116,9 @@ class UpdateTotals:
     minibatches: the row indices into ``view`` of each optimiser mini-batch (every epoch runs the
     same ones), the weights of each computed on it alone: what the ``agg/*`` diagnostics use;
     unit_loss: [b, T] this rank's per-token unit PG loss of the first epoch (diagnostics);
-    behaviour: [b, T] this rank's log-probs of the sampled tokens before the update (``old``).
+    behaviour: [b, T] this rank's log-probs of the sampled tokens before the update (``old``);
+    weight_sq: the sum over updates of sum(eff ** 2) over the tokens each update's loss weighted, from
+    the weights the loss itself applied (``loss/weight_sq``; checked against ``agg/<rule>/weight_sq``).
     """
 
     pg_loss: float
@@ -130,6 +132,7 @@ class UpdateTotals:
     view: GlobalView
     behaviour: torch.Tensor
     minibatches: list[torch.Tensor] | None = None
+    weight_sq: float = 0.0
 
 
 def minibatch_weights(
@@ -195,7 +198,7 @@ def accumulate_gradients(
     """
     batch, mask, adv = scored.batch, scored.mask, scored.advantages
     eff, aux_w = mb.eff, mb.aux
-    stats = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0}
+    stats = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "weight_sq": 0.0}
     for pos in split_rows(mb.local, settings.micro_batch_size):
         rows = mb.rows[pos]
         logp, ent, t_w = forward_logprobs(
@@ -204,7 +207,8 @@ def accumulate_gradients(
         dev, dt = logp.device, logp.dtype
         m = mask[rows, :t_w].to(dev, dt)
         o = old[rows, :t_w].to(dev, dt) if old is not None else logp.detach()
-        pg, clipped = masked_pg_loss(logp, o, eff[pos, :t_w].to(dev, dt), m, **settings.clip)
+        e = eff[pos, :t_w].to(dev, dt)
+        pg, clipped = masked_pg_loss(logp, o, e, m, **settings.clip)
         w = aux_w[pos, :t_w].to(dev, dt)
         loss = pg
         kl = torch.zeros((), device=dev, dtype=dt)
@@ -229,6 +233,7 @@ def accumulate_gradients(
         stats["entropy"] += float(ent_term.detach())
         stats["clipped"] += float((clipped & m.bool()).sum())
         stats["tokens"] += float(m.sum())
+        stats["weight_sq"] += float((e.double().square() * m).sum())  # the weights this loss applied
     return stats
 
 
@@ -264,7 +269,7 @@ def update(
     unit_loss = torch.zeros(mask.shape, dtype=torch.float64)
     # the behaviour log-probs: `old` when computed, else those of the one (on-policy) pass
     seen = torch.zeros(mask.shape, dtype=torch.float64) if old is None else None
-    sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0}
+    sums = {"pg_loss": 0.0, "kl": 0.0, "entropy": 0.0, "clipped": 0.0, "tokens": 0.0, "weight_sq": 0.0}
     norms = []
     # under dynamic sampling fewer groups than mini-batches can be left, and an empty mini-batch is
     # no update (a rule needs rows; every rank skips it: the split is global)
