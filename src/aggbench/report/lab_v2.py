@@ -1,9 +1,11 @@
-"""Lab v2's pre-registered checks and decisions (docs/lab.md, "Lab v2"), computed from its run files.
+"""Lab v2's checks and decisions (docs/lab.md, "Lab v2: design in progress"), from its run files.
 
     python -m aggbench.report.lab_v2 results/lab_v2      # every cell, the gate, H1-H4 and C as Markdown
 
-The rules below are docs/lab.md's, committed before the lab was run. Unit: one cell = (setting,
-rule, seed). Settings: ``tiny-{pos,neg}-{low,high}`` (gap arm x spread) and ``tiny-control``.
+The rules below are the candidate design's; they are NOT pre-registered yet (pilot 1 showed the
+probability metric unusable after RL, so the registered primary outcome will be avg@k, and the
+control's warm start failed): the pre-registration in docs/lab.md, when written, decides, and this
+module follows it before the lab runs. Unit: one cell = (setting, rule, seed). Settings: ``tiny-{pos,neg}-{low,high}`` (gap arm x spread) and ``tiny-control``.
 
 - **Rule check** (per cell): at every step the trainer's ``loss/pg`` and ``loss/weight_sq`` equal
   the diagnostics' ``agg/<named rule>/pg_loss`` and ``.../weight_sq`` (relative tolerance

@@ -67,7 +67,8 @@ def warm_start_settings(
     ``sft_warm_start(steps=steps, seed=seed, task=setting)`` would have written. The settings must
     agree on everything but the knobs (their skill phases would differ otherwise). ``skill_steps``
     moves the split (default: half, as ``sft_warm_start``): a short knob phase after a longer skill
-    phase is a cheaper warm start, not the one ``sft_warm_start`` writes (tests/tiny/test_lab_knobs.py).
+    phase is a cheaper warm start, not the one ``sft_warm_start`` writes (benchmarks/lab_knobs.py
+    ``--skill-steps``).
     """
     root = Path(root)
     skills = {skill_task(cfg) for cfg in settings.values()}

@@ -49,13 +49,16 @@ only the warm-started model differs.
   would lower the pooled CV. A wider hop range would also spread the lengths, but it changes the
   problems and their difficulty. ``"low"`` (default): no padding.
 - ``spread="tail"`` (lab v2): with probability ``TAIL_PROB`` an answer of either style *ends* with
-  ``TAIL_LINES`` padding lines after its box. After the box the answer is already decided, so the
-  padding cannot cost accuracy (v1's opening block did: worked answers 0.97 -> 0.85 right, which
-  made the padded worked failures the long wrong answers and turned pos-high's gap negative in RL).
+  ``TAIL_LINES`` padding lines after its box, meant not to cost accuracy as v1's opening block did
+  (worked answers 0.97 -> 0.85 right). Lab v2's pilot 1 (docs/lab.md) found it does anyway: a
+  sampled tail can degenerate and write a second box, which the reward reads, so padded answers
+  ended wrong more often and pos-high's gap turned negative in RL.
 - ``verbose_share`` (lab v2's positive control): that share of the worked answers is written at
-  verbosity 2 (29 tokens a hop) instead of ``verbosity``: correct answers of two lengths, equally
-  right, so sequence aggregation's 1/|o| weighting must favour the short ones where token
-  aggregation (the unbiased policy gradient) has no preference.
+  verbosity 2 (29 tokens a hop) instead of ``verbosity``: correct answers of two lengths, meant to
+  be equally right, so that sequence aggregation's 1/|o| weighting favours the short ones where
+  token aggregation (the unbiased policy gradient) has no preference. Pilot 1 (docs/lab.md): with
+  the verbose form taught only in the 500-step warm start's second half, the look-up skill was lost
+  (worked answers 25% right), so this control does not work as it stands.
 
 Records use the harness's canonical form ``{"id", "prompt", "answer"}``; the prompt is the user
 message only (the chat template is applied elsewhere). Test problems come from a fixed eighth of
