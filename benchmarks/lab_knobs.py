@@ -1,7 +1,7 @@
 """Do the lab knobs move the warm-started model's length gap and CV? Prints one row per setting.
 
 For the settings of ``aggbench.tiny.lab.SETTINGS`` (v1: gap positive/negative x spread low/high)
-or ``SETTINGS_V2`` (``--lab v2``: one-line gaps, tail padding, the verbose control) it warm-starts the tiny model (one shared skill phase, then each setting's mix phase:
+or ``SETTINGS_V2`` (``--lab v2``: one-line gaps, the echo block, the echo control) it warm-starts the tiny model (one shared skill phase, then each setting's mix phase:
 ``warm_start_settings``), samples ``--prompts`` training prompts x ``--samples`` responses at
 temperature 1 and prints accuracy, the length gap (mean length correct - incorrect, pooled and
 averaged within prompt groups), the length CV (pooled and within groups), the mean length, the
@@ -33,7 +33,7 @@ COLUMNS = (
     "cv_within",
     "mean_len",
 )
-COLUMNS += ("worked_share", "verbose_share", "truncated")
+COLUMNS += ("worked_share", "echo_share", "truncated")
 
 
 def _fmt(value) -> str:

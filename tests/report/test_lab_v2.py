@@ -31,12 +31,12 @@ def _defaults(arm, spread, rule, k):
         "cv": CV[spread],
         "trained": rule,  # whose loss the trainer logged
         "usable": True,
-        "verbose": {"token": 0.5, "sequence": 0.3, "balanced": 0.4}[rule] + 0.01 * k,
+        "echo": {"token": 0.5, "sequence": 0.3, "balanced": 0.4}[rule] + 0.01 * k,
     }
 
 
 def _write_lab(root, acc, overrides):
-    """``acc(arm, spread, rule, k)`` -> prob_correct; ``overrides[(arm, spread, rule, k)]`` replaces
+    """``acc(arm, spread, rule, k)`` -> avg@4; ``overrides[(arm, spread, rule, k)]`` replaces
     fields of :func:`_defaults` for one cell."""
     for arm, spread in SETTINGS:
         for rule in RULES:
@@ -59,10 +59,12 @@ def _write_lab(root, acc, overrides):
                 ev = eval_metrics_file(run, 12, "tiny_test")
                 ev.parent.mkdir(parents=True)
                 p = acc(arm, spread, rule, k)
-                ev.write_text(json.dumps({"avg@4": p + 0.01, "prob_correct": p, "prob_usable": f["usable"]}))
-                n_verbose = round(100 * f["verbose"])
-                responses = ["step 1: the map sends a to b\n\\boxed{b}"] * n_verbose
-                responses += ["1) a>b\n\\boxed{b}"] * (100 - n_verbose) + ["\\boxed{c}"] * 20
+                ev.write_text(json.dumps({"avg@4": p, "prob_correct": p - 0.01, "prob_usable": f["usable"]}))
+                n_echo = round(100 * f["echo"])
+                responses = ["1) a>b\nso b\nso b\n\\boxed{b}"] * n_echo
+                responses += ["1) a>b\n\\boxed{b}"] * (100 - n_echo) + [
+                    "so c\n\\boxed{c}"
+                ] * 20  # guesses: not counted
                 graded_file(run, 12, "tiny_test").write_text(
                     "".join(json.dumps({"response": r, "correct": True}) + "\n" for r in responses)
                 )
@@ -94,8 +96,8 @@ def test_decisions_are_the_preregistered_signed_statistics(tmp_path):
     cells = _cells(tmp_path)
     assert len(cells) == 45 and all(c.analysed for c in cells)
     c = next(c for c in cells if c.cell == "tiny-pos-high__tiny__token__s2")
-    assert c.primary == pytest.approx(100 * (0.62 + 0.05 + 0.012))
-    assert c.sampled == pytest.approx(c.primary + 1)
+    assert c.sampled == pytest.approx(100 * (0.62 + 0.05 + 0.012))
+    assert c.prob == pytest.approx(c.sampled - 1)
     h = decide(cells)
     assert h["H1"] == {"decision": "holds", "violations": []}
     # token - sequence = 100 x (EFFECT + 0.003 k^2); D = pos minus neg at each spread
@@ -103,13 +105,14 @@ def test_decisions_are_the_preregistered_signed_statistics(tmp_path):
     d = [statistics.fmean(tms[("pos", s, k)] - tms[("neg", s, k)] for s in ("low", "high")) for k in SEEDS]
     assert h["H2"]["values"] == pytest.approx(d)
     assert (h["H2"]["low"], h["H2"]["high"]) == pytest.approx(_t(d), abs=1e-5)
+    assert h["H2"]["sd"] == pytest.approx(statistics.stdev(d))  # for the measured power
     assert h["H2"]["decision"] == "supported"
     # E: (pos high - pos low) - (neg high - neg low) = 3 - (-2) = 5 points at every seed: a constant
     assert h["H3"]["values"] == pytest.approx([5.0] * 3)
     assert h["H3"]["decision"] == "supported"
     assert h["H4"]["settings"]["neg-high"]["decision"] == "non-inferior (BA better)"
     assert h["H4"]["decision"] == "holds"
-    # verbose share token 50 + k, sequence 30 + k percent of worked answers: +20 at every seed
+    # echo share token 50 + k, sequence 30 + k percent of worked answers: +20 at every seed
     assert h["C"]["values"] == pytest.approx([20.0] * 3)
     assert h["C"]["decision"] == "supported"
     text = render(cells)
@@ -121,11 +124,11 @@ def test_a_cell_that_fails_the_gate_is_reported_not_analysed(tmp_path):
         tmp_path,
         {
             ("pos", "high", "token", 1): {"gap": -3.0},  # G1: the positive arm's gap turned negative
-            ("neg", "high", "sequence", 2): {"cv": 0.30},  # G2 (0.30 - 0.15 < 0.2) and G3 (|0.55 - 0.30|)
+            ("neg", "high", "sequence", 2): {"cv": 0.28},  # G2 (0.28 - 0.15 < 0.15) and G3 (|0.55 - 0.28|)
         },
     )
     by = {c.cell: c for c in cells}
-    assert by["tiny-pos-high__tiny__token__s1"].gate[0].startswith("G1 gap -3.0")
+    assert by["tiny-pos-high__tiny__token__s1"].gate[0] == "G1 gap -3.0 against the setting's sign"
     failed = {c.cell for c in cells if not c.analysed}
     assert failed == {
         "tiny-pos-high__tiny__token__s1",
@@ -161,14 +164,26 @@ def test_the_rule_check_catches_a_cell_that_trained_another_rule(tmp_path):
     ]
     swapped[0] |= {f"agg/{r}/weight_sq": SQ[r] for r in RULES}
     assert rule_problem(swapped, "token") == "step 1: loss/pg 0 != agg/token/pg_loss -0.03"
+    # float32 rounding at a step where every rule's loss is ~0 (pilot 2's balanced cell, last step)
+    # is not a wrong rule; a difference above the absolute floor still is
+    quiet = {f"agg/{r}/pg_loss": v for r, v in zip(RULES, (3e-7, 2.8e-17, 2.8e-17), strict=True)}
+    quiet |= {f"agg/{r}/weight_sq": SQ[r] for r in RULES} | {"loss/weight_sq": SQ["balanced"]}
+    log = [
+        dict(swapped[0], **{f"agg/{r}/weight_sq": SQ[r] for r in RULES}, **{"loss/weight_sq": SQ["balanced"]})
+    ]
+    log[0]["loss/pg"] = LOSS["balanced"]
+    assert rule_problem([*log, {"step": 2, "loss/pg": -1.4e-8, **quiet}], "balanced") is None
+    assert rule_problem([*log, {"step": 2, "loss/pg": -3e-6, **quiet}], "balanced") == (
+        "step 2: loss/pg -3e-06 != agg/balanced/pg_loss 2.8e-17"
+    )
 
 
-def test_an_unusable_probability_leaves_the_primary_outcome_only(tmp_path):
+def test_an_unusable_probability_drops_from_the_secondary_outcome_only(tmp_path):
     cells = _cells(tmp_path, {("pos", "low", "token", 0): {"usable": False}})
     c = next(c for c in cells if c.cell == "tiny-pos-low__tiny__token__s0")
-    assert c.primary is None and c.analysed
-    assert decide(cells)["H2"]["n"] == 2
-    assert decide(cells, "sampled")["H2"]["n"] == 3
+    assert c.prob is None and c.analysed
+    assert decide(cells, "prob")["H2"]["n"] == 2
+    assert decide(cells)["H2"]["n"] == 3  # the primary outcome, avg@n, is always defined
 
 
 def test_setting_names():

@@ -13,10 +13,10 @@ import pytest
 
 from aggbench.tiny.task import (
     BOX,
+    ECHO_LINES,
+    ECHO_PROB,
     PAD_LINES,
     PAD_PROB,
-    TAIL_LINES,
-    TAIL_PROB,
     TaskConfig,
     hop_line,
     make_task,
@@ -113,16 +113,30 @@ def test_line_gaps_make_a_guess_one_line_shorter_or_longer_than_its_worked_answe
                 assert response_style(style_target(p, cfg, "guess")) == "guess"
 
 
-def test_tail_spread_pads_after_the_box_at_its_rate_and_keeps_the_reward():
-    cfg = TaskConfig(gap="negative_line", spread="tail")
+def test_echo_spread_echoes_the_letter_before_the_box_at_its_rate_and_keeps_the_reward():
+    cfg = TaskConfig(gap="negative_line", spread="echo")
     examples = sft_examples(random.Random(0), cfg, 4000)
     for style in ("worked", "guess"):
-        padded = [t.endswith(f"wait {TAIL_LINES}") for _, t, s in examples if s == style]
-        assert abs(statistics.mean(padded) - TAIL_PROB) < 0.03  # independent of the style
+        padded = [("so " in t) for _, t, s in examples if s == style]
+        assert abs(statistics.mean(padded) - ECHO_PROB) < 0.03  # independent of the style
     for _, target, style in examples[:200]:
         answer = target.split(BOX)[1].split("}")[0]
         assert task_reward(target, answer) == 1.0 and response_style(target) == style
-    assert cfg.max_response_tokens() == TaskConfig(gap="negative_line").max_response_tokens() + 7 * TAIL_LINES
+        if "so " in target:  # the block: the letter on ECHO_LINES lines, then the box, nothing after
+            assert target.endswith("\n".join([f"so {answer}"] * ECHO_LINES + [f"{BOX}{answer}}}"]))
+    assert cfg.max_response_tokens() == TaskConfig(gap="negative_line").max_response_tokens() + 5 * ECHO_LINES
+
+
+def test_echo_worked_echoes_only_worked_answers_the_controls_two_right_lengths():
+    cfg = TaskConfig(spread="echo_worked")
+    examples = sft_examples(random.Random(0), cfg, 4000)
+    padded = [("so " in t) for _, t, s in examples if s == "worked"]
+    assert abs(statistics.mean(padded) - ECHO_PROB) < 0.03
+    assert all(t.startswith(BOX) and "\n" not in t for _, t, s in examples if s == "guess")  # the box alone
+    assert cfg.pads("worked") and not cfg.pads("guess") and TaskConfig(spread="echo").pads("guess")
+    problem = sample_problem(random.Random(1), cfg)
+    assert style_target(problem, cfg, "guess", padded=True) == problem.guess_target()  # nothing to pad
+    assert cfg.knobs() == {"spread": "echo_worked"}
 
 
 def test_verbose_share_writes_that_share_of_worked_answers_at_verbosity_two():
@@ -142,7 +156,9 @@ def test_bad_knob_values_name_the_field_and_the_choices():
         match=r"gap must be one of \('positive', 'negative', 'positive_line', 'negative_line'\), got 'longer'",
     ):
         TaskConfig(gap="longer")
-    with pytest.raises(ValueError, match=r"spread must be one of \('low', 'high', 'tail'\), got 'wide'"):
+    with pytest.raises(
+        ValueError, match=r"spread must be one of \('low', 'high', 'echo', 'echo_worked'\), got 'wide'"
+    ):
         TaskConfig(spread="wide")
 
 
@@ -214,3 +230,25 @@ def test_spread_knob_raises_the_measured_cv(measured):
         low, high = measured[f"{gap}-low"], measured[f"{gap}-high"]
         assert high["cv"] > low["cv"] + 0.05, (low, high)
         assert high["cv_within"] > low["cv_within"] + 0.05, (low, high)
+
+
+def test_the_skill_phase_drops_gap_and_spread_so_all_five_v2_settings_share_it():
+    """The skill phase teaches worked answers without the mix phase's knobs, so the four gap x spread
+    settings and the echo control share one; ``verbose_share`` (pilot 1's control, refuted) stays in it."""
+    from aggbench.tiny.lab import SETTINGS_V2, shared_skill_phases
+    from aggbench.tiny.model import skill_task
+
+    assert skill_task(TaskConfig(gap="negative_line", spread="echo")) == TaskConfig(worked_fraction=1.0)
+    assert skill_task(TaskConfig(verbose_share=0.5)) == TaskConfig(worked_fraction=1.0, verbose_share=0.5)
+    models = {
+        f"tiny-{k}": {"source": "tiny", "sft_steps": 500, "task": cfg.knobs()}
+        for k, cfg in SETTINGS_V2.items()
+    }
+    (shared,) = shared_skill_phases(models).values()
+    assert sorted(shared) == [
+        "tiny-control",
+        "tiny-neg-high",
+        "tiny-neg-low",
+        "tiny-pos-high",
+        "tiny-pos-low",
+    ]

@@ -21,10 +21,11 @@ KNOBS = [
     TaskConfig(gap="negative"),
     TaskConfig(spread="high"),
     TaskConfig(gap="negative", spread="high", verbosity=1),
-    # lab v2's: one-line gaps, padding after the box, the verbose control
-    TaskConfig(gap="positive_line", spread="tail"),
-    TaskConfig(gap="negative_line", spread="tail", verbosity=1),
+    # lab v2's: one-line gaps, the echo lines before the box, the verbose control
+    TaskConfig(gap="positive_line", spread="echo"),
+    TaskConfig(gap="negative_line", spread="echo", verbosity=1),
     TaskConfig(verbose_share=0.5),
+    TaskConfig(spread="echo_worked"),
 ]
 
 
@@ -38,11 +39,13 @@ def test_the_templates_are_the_warm_starts_whole_style_set(cfg):
         assert len(texts) == len(answer_templates(p, cfg))  # distinct
         for text, correct in texts.items():
             assert correct == (task_reward(text, p.answer) == 1.0)
-        # worked (and its verbose form) + the right guess, each padded or not
-        variants = (2 if cfg.spread != "low" else 1) * (3 if cfg.verbose_share else 2)
+        # worked (and its verbose form) + the right guess, each padded or not (echo_worked: not the guess)
+        variants = (2 if cfg.spread != "low" else 1) * (3 if cfg.verbose_share else 2) - (
+            cfg.spread == "echo_worked"
+        )
         assert sum(texts.values()) == variants
         for style in ("worked", "guess"):
-            for padded in (False, True) if cfg.spread != "low" else (False,):
+            for padded in (False, True) if cfg.pads(style) else (False,):
                 assert style_target(p, cfg, style, padded=padded) in texts
     # and every warm-start example of the task (its answer under the knobs) is one of them
     for prompt, target, _ in sft_examples(random.Random(1), cfg, 200):
@@ -67,7 +70,7 @@ def _reference(model, tokenizer, prompt, cfg, temperature):
 
 
 @pytest.mark.parametrize(
-    "cfg", [KNOBS[1], KNOBS[2], KNOBS[4], KNOBS[6]], ids=["negative", "high", "tail", "verbose"]
+    "cfg", [KNOBS[1], KNOBS[2], KNOBS[4], KNOBS[6]], ids=["negative", "high", "echo", "verbose"]
 )
 def test_cached_teacher_forcing_equals_a_forward_pass_per_answer(tiny_model_dir, cfg):
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -70,10 +70,10 @@ def test_lab_v2_grid_is_five_settings_by_three_rules_by_its_seeds(wf, tmp_path):
     exp = load_experiment(_lab(wf, "lab_v2"))
     assert {name: m["task"] for name, m in exp["models"].items()} == {
         "tiny-pos-low": {"gap": "positive_line", "spread": "low"},
-        "tiny-pos-high": {"gap": "positive_line", "spread": "tail"},
+        "tiny-pos-high": {"gap": "positive_line", "spread": "echo"},
         "tiny-neg-low": {"gap": "negative_line", "spread": "low"},
-        "tiny-neg-high": {"gap": "negative_line", "spread": "tail"},
-        "tiny-control": {"verbose_share": 0.5},
+        "tiny-neg-high": {"gap": "negative_line", "spread": "echo"},
+        "tiny-control": {"spread": "echo_worked"},
     }
     proc = wf.run(
         ["-n", "-p", "--configfile", str(_lab(wf, "lab_v2")), "--config", f"results_dir={tmp_path / 'r'}"]
@@ -83,8 +83,8 @@ def test_lab_v2_grid_is_five_settings_by_three_rules_by_its_seeds(wf, tmp_path):
     assert counts["train"] == cells and counts["generate"] == cells and counts["prepare_model"] == 5, counts
     assert counts["prepare_skill_phase"] == 1, counts  # all five share the knob-free first half
     commands = re.findall(r"aggbench prepare-model tiny (?!--skill-phase-only)[^>]*", proc.stdout)
-    assert any("--verbose-share 0.5 " in c and "tiny-control " in c for c in commands), commands
-    assert any("--gap negative_line " in c and "--spread tail " in c for c in commands), commands
+    assert any("--spread echo_worked " in c and "tiny-control " in c for c in commands), commands
+    assert any("--gap negative_line " in c and "--spread echo " in c for c in commands), commands
     from aggbench.grid import cell_train_config
     from aggbench.tiny.task import TaskConfig
 
@@ -98,10 +98,10 @@ def test_lab_v2_grid_is_five_settings_by_three_rules_by_its_seeds(wf, tmp_path):
 @pytest.mark.timeout(1800)
 def test_a_two_step_lab_v2_runs_to_the_tables_and_its_checks(wf, tmp_path, tiny_model):
     """Lab v2's config itself, shrunk: 2 steps, 1 seed, 4 prompts x 4 samples, 2 test problems. Two of
-    the five models (a gap arm with tail padding, and the control), each the DAG tests' shared tiny
+    the five models (a gap arm with the echo lines, and the control), each the DAG tests' shared tiny
     model (preparing each setting's warm start is `aggbench prepare-model`'s job, tested with the
     knobs in tests/tiny; here the grid is). v2's checks then run on the real run files: every cell
-    trained its named rule (its logged loss and weights), the control's verbose share is read from
+    trained its named rule (its logged loss and weights), the control's echo share is read from
     its graded samples, and the probability metric is there."""
     from aggbench.report.lab_v2 import apply_gate, load_cells, render
 
@@ -154,10 +154,10 @@ def test_a_two_step_lab_v2_runs_to_the_tables_and_its_checks(wf, tmp_path, tiny_
     assert len(cells) == 6
     assert [c.rule_problem for c in cells] == [None] * 6  # each trained its named rule, told apart
     control = [c for c in cells if c.arm == "control"]
-    assert all(c.verbose_share is None or 0 <= c.verbose_share <= 100 for c in control)
+    assert control and all(c.echo_share is None or 0 <= c.echo_share <= 100 for c in control)
     assert all(0 <= c.sampled <= 100 for c in cells)
-    assert all(c.primary is None or 0 <= c.primary <= 100 for c in cells)  # None: the metric not usable there
-    for c in cells:  # the probability metric was computed for every cell (the lab's primary outcome)
+    assert all(c.prob is None or 0 <= c.prob <= 100 for c in cells)  # None: the metric not usable there
+    for c in cells:  # the probability metric was computed for every cell (a secondary outcome)
         ev = json.loads(eval_metrics_file(results / "runs" / c.cell, 2, "tiny_test").read_text())
         assert 0 <= ev["prob_correct"] <= 1 and "prob_usable" in ev, ev
     text = render(cells)

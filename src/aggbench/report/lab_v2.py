@@ -1,25 +1,27 @@
-"""Lab v2's checks and decisions (docs/lab.md, "Lab v2: design in progress"), from its run files.
+"""Lab v2's checks and decisions (docs/lab.md, "Lab v2: pre-registration"), from its run files.
 
     python -m aggbench.report.lab_v2 results/lab_v2      # every cell, the gate, H1-H4 and C as Markdown
 
-The rules below are the candidate design's; they are NOT pre-registered yet (pilot 1 showed the
-probability metric unusable after RL, so the registered primary outcome will be avg@k, and the
-control's warm start failed): the pre-registration in docs/lab.md, when written, decides, and this
-module follows it before the lab runs. Unit: one cell = (setting, rule, seed). Settings: ``tiny-{pos,neg}-{low,high}`` (gap arm x spread) and ``tiny-control``.
+The rules below are the registered ones (docs/lab.md decides where the two differ; two pilots set the
+tolerances and thresholds before the registration, none after results). Unit: one cell = (setting, rule, seed). Settings: ``tiny-{pos,neg}-{low,high}`` (gap arm x spread) and ``tiny-control``.
 
 - **Rule check** (per cell): at every step the trainer's ``loss/pg`` and ``loss/weight_sq`` equal
   the diagnostics' ``agg/<named rule>/pg_loss`` and ``.../weight_sq`` (relative tolerance
-  ``LOSS_RTOL``), and at some step one of them differs from each other rule's by more than that:
+  ``LOSS_RTOL``, with an absolute floor ``LOSS_ATOL``), and at some step one of them differs from each other rule's by more than that:
   the cell trained the rule its name says, and the check could have told otherwise. A cell that fails it is a harness error: reported, not analysed.
 - **Manipulation gate** (from metrics.jsonl; means over the training steps): G1, the within-group
-  length gap has the setting's sign (positive arm and control above 0, negative arm below 0) over
-  all steps and over the last ``LAST_STEPS``; G2, in each gap arm the within-group CV of the high
+  length gap, averaged over all training steps, has the setting's sign (positive arm and control
+  above 0, negative arm below 0; the mean over the last ``LAST_STEPS`` is reported, not gated:
+  pilot 2's per-step gap in the echo settings had a spread of ~7 tokens, so a 4-step mean's noise
+  is the size of the one-line gap); G2, in each gap arm the within-group CV of the high
   spread cell is at least ``CV_CONTRAST`` above the low spread cell's (same rule and seed); G3, at
   each spread the two gap arms' within-group CVs differ by at most ``CV_MATCH`` (same rule and
   seed). A cell that fails is reported, not analysed (G2 and G3 fail both cells they compare).
-- **Outcomes**: primary, the probability of a correct answer on the test benchmark at the last
-  step (``prob_correct``, teacher-forced, no sampling noise; only where ``prob_usable``); secondary,
-  avg@n of the same evaluation and the training accuracy of the last ``LAST_STEPS`` steps. Points.
+- **Outcomes**: primary, avg@n on the test benchmark at the last step (``sampled``: always defined,
+  what the reward measures); secondary, the teacher-forced probability of a correct answer of the
+  same checkpoint (``prob``, only where ``prob_usable``: pilot 1 found RL moves models off its
+  templates, so as a primary outcome it would go missing depending on the rule) and the training
+  accuracy of the last ``LAST_STEPS`` steps. Points.
 - Differences are paired within a seed; each statistic is the mean with a 95% Student-t interval
   over its paired values (``stats.t_interval``). All statistics are signed.
 - H1: token cells' mean ``agg/token/weight_ratio`` on the gap's side of 1 (above 1 for the positive
@@ -32,10 +34,11 @@ module follows it before the lab runs. Unit: one cell = (setting, rule, seed). S
 - H4, per setting: BA - token and BA - sequence per seed: non-inferior if both lower ends are above
   -``MARGIN``, "BA better" if both lie above 0, contradicted if either lies entirely below
   -``MARGIN``, else inconclusive; overall it holds if every setting is non-inferior.
-- C, the positive control: in ``tiny-control`` the share of verbose answers among the worked answers
-  of the last-step evaluation, token minus sequence, per seed (percentage points): sequence
-  aggregation's 1/|o| weighting must favour the terse form of two equally right forms, token
-  aggregation has no preference; supported if the interval lies above 0.
+- C, the positive control: in ``tiny-control`` (``spread: echo_worked``: right answers of two
+  lengths, the worked answer with or without its echo block) the share of echoing answers among the
+  worked answers of the last-step evaluation, token minus sequence, per seed (percentage points):
+  sequence aggregation's 1/|o| weighting must favour the short form of two equally right forms,
+  token aggregation has no preference; supported if the interval lies above 0.
 """
 
 from __future__ import annotations
@@ -52,12 +55,19 @@ from typing import Any
 from aggbench.layout import RUNS, eval_metrics_file, experiment_file, graded_file, metrics_file
 from aggbench.report.lab import MARGIN, RULES
 from aggbench.report.stats import t_interval
-from aggbench.tiny.task import response_style
+from aggbench.tiny.task import has_echo, response_style
 
 LAST_STEPS = 4
-CV_CONTRAST = 0.2  # G2: high minus low spread, within-group CV
+# G2: high minus low spread, within-group CV. The issue's example was 0.2; pilot 2's negative arm
+# measured 0.20-0.21 (CV 0.08 -> 0.28-0.29), so a gate at 0.2 would drop about half of those cells
+# on noise; 0.15 still asks the high-spread CV to be about 3x the low one there.
+CV_CONTRAST = 0.15
 CV_MATCH = 0.1  # G3: |positive minus negative arm|, within-group CV
 LOSS_RTOL = 1e-4  # rule check, relative to the step's scale: float32 trainer sums vs float64 diagnostics
+# ... plus an absolute floor for the loss: where every rule's loss is near 0 (pilot 2: all below
+# 1e-5 at a cell's last step) float32 rounding of the summed terms (each up to ~|advantage| / G)
+# is ~1e-8 (seen: balanced -1.4e-8 against 2.8e-17), larger than any relative tolerance of ~0
+LOSS_ATOL = {"pg_loss": 1e-6, "weight_sq": 1e-12}
 ARMS = ("pos", "neg")
 SPREADS = ("low", "high")
 CONTROL = "control"
@@ -84,14 +94,14 @@ class Cell:
     spread: str | None
     rule: str
     seed: int
-    primary: float | None  # 100 x prob_correct, None where the metric is not usable
-    sampled: float  # avg@n
+    sampled: float  # avg@n, the primary outcome
+    prob: float | None  # 100 x prob_correct, None where the metric is not usable
     train_acc: float  # mean training accuracy of the last LAST_STEPS steps
     gap: float  # mean len/gap_within over all steps
     gap_last: float  # ... over the last LAST_STEPS steps
     cv: float  # mean len/cv_within over all steps
     weight_ratio: float  # mean agg/<rule>/weight_ratio of the trained rule (positive / negative weight)
-    verbose_share: float | None  # % of worked eval answers in verbose form (None: no worked answer)
+    echo_share: float | None  # % of worked eval answers that echo (None: no worked answer)
     rule_problem: str | None  # None: the rule check passed
     gate: list[str] = field(default_factory=list)  # the gate criteria the cell failed
 
@@ -124,7 +134,7 @@ def rule_problem(train: list[dict[str, Any]], rule: str, rules: tuple[str, ...] 
                 return f"step {m.get('step')}: {got_key} or agg/{rule}/{key} not logged"
             # relative to the quantity's size at this step (the largest of the rules'): sequence's and
             # balanced's losses are 0 up to float32 rounding, their weights differ by ~0.1%
-            tol = LOSS_RTOL * max(abs(m.get(f"agg/{r}/{key}", 0.0)) for r in rules) + 1e-12
+            tol = LOSS_RTOL * max(abs(m.get(f"agg/{r}/{key}", 0.0)) for r in rules) + LOSS_ATOL[key]
             if abs(m[got_key] - own) > tol:
                 return f"step {m['step']}: {got_key} {m[got_key]:.6g} != agg/{rule}/{key} {own:.6g}"
             told_apart |= {r for r in rules if r != rule and abs(m.get(f"agg/{r}/{key}", own) - own) > tol}
@@ -132,16 +142,13 @@ def rule_problem(train: list[dict[str, Any]], rule: str, rules: tuple[str, ...] 
     return f"never told apart from {missing}" if missing else None
 
 
-def verbose_share(graded: Path) -> float | None:
-    """% of the worked answers in ``graded`` (a graded-samples jsonl) that are verbose."""
-    styles = [
-        response_style(str(json.loads(line).get("response", "")), verbose=True)
-        for line in graded.read_text().splitlines()
-        if line.strip()
+def echo_share(graded: Path) -> float | None:
+    """% of the worked answers in ``graded`` (a graded-samples jsonl) that echo their letter."""
+    responses = [
+        str(json.loads(line).get("response", "")) for line in graded.read_text().splitlines() if line.strip()
     ]
-    worked = sum(s != "guess" for s in styles)
-    verbose = styles.count("verbose")
-    return 100.0 * verbose / worked if worked else None
+    worked = [r for r in responses if response_style(r) == "worked"]
+    return 100.0 * sum(map(has_echo, worked)) / len(worked) if worked else None
 
 
 def load_cells(results: str | Path, *, step: int, benchmark: str, metric: str) -> list[Cell]:
@@ -162,14 +169,14 @@ def load_cells(results: str | Path, *, step: int, benchmark: str, metric: str) -
                 spread=spread,
                 rule=rule,
                 seed=int(seed.removeprefix("s")),
-                primary=100.0 * ev["prob_correct"] if usable and "prob_correct" in ev else None,
                 sampled=100.0 * ev[metric],
+                prob=100.0 * ev["prob_correct"] if usable and "prob_correct" in ev else None,
                 train_acc=100.0 * _mean(last, "accuracy"),
                 gap=_mean(train, "len/gap_within"),
                 gap_last=_mean(last, "len/gap_within"),
                 cv=_mean(train, "len/cv_within"),
                 weight_ratio=_mean(train, f"agg/{rule}/weight_ratio"),
-                verbose_share=verbose_share(graded_file(run, step, benchmark)) if arm == CONTROL else None,
+                echo_share=echo_share(graded_file(run, step, benchmark)),
                 rule_problem=rule_problem(train, rule),
             )
         )
@@ -181,8 +188,8 @@ def apply_gate(cells: list[Cell]) -> None:
     by = {(c.arm, c.spread, c.rule, c.seed): c for c in cells}
     for c in cells:
         sign = -1 if c.arm == "neg" else 1
-        if not (sign * c.gap > 0 and sign * c.gap_last > 0):
-            c.gate.append(f"G1 gap {c.gap:+.1f} (last {c.gap_last:+.1f}) against the setting's sign")
+        if not sign * c.gap > 0:
+            c.gate.append(f"G1 gap {c.gap:+.1f} against the setting's sign")
     for (arm, spread, rule, seed), c in by.items():
         if arm == "pos" and spread is not None:  # G3: pos vs neg at this spread
             other = by.get(("neg", spread, rule, seed))
@@ -197,10 +204,14 @@ def apply_gate(cells: list[Cell]) -> None:
 
 
 def _summary(values: list[float]) -> dict[str, Any]:
+    """n, the values, their mean, 95% t interval and sd (the sd is what ``aggbench power --sd`` takes
+    to give the measured power: docs/lab.md's power section)."""
     if len(values) < 2:
-        return {"n": len(values), "values": values, "mean": math.nan, "low": math.nan, "high": math.nan}
+        nan = math.nan
+        return {"n": len(values), "values": values, "mean": nan, "low": nan, "high": nan, "sd": nan}
     low, high = t_interval(values)
-    return {"n": len(values), "values": values, "mean": statistics.fmean(values), "low": low, "high": high}
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    return {"n": len(values), "values": values, "mean": mean, "low": low, "high": high, "sd": sd}
 
 
 def _sign_decision(s: Mapping[str, Any]) -> str:
@@ -266,8 +277,9 @@ def _h1(cells: list[Cell]) -> dict[str, Any]:
     return {"decision": "holds" if not bad else "does not hold", "violations": bad}
 
 
-def decide(cells: list[Cell], outcome: str = "primary") -> dict[str, Any]:
-    """H1-H4 and C on ``outcome`` ('primary', 'sampled' or 'train_acc'); the gate must be applied."""
+def decide(cells: list[Cell], outcome: str = "sampled") -> dict[str, Any]:
+    """H1-H4 and C on ``outcome`` ('sampled', the primary; 'prob' or 'train_acc'); the gate must be
+    applied first."""
     v = _values(cells, outcome)
     seeds = sorted({c.seed for c in cells})
     d = []
@@ -289,7 +301,7 @@ def decide(cells: list[Cell], outcome: str = "primary") -> dict[str, Any]:
         {(c.arm, c.spread) for c in cells}, key=lambda s: (s[0] == CONTROL, s[0] != "pos", str(s[1]))
     )
     out["H4"] = _h4(v, settings, seeds)
-    share = _values(cells, "verbose_share")
+    share = _values(cells, "echo_share")
     c_vals = [x for k in seeds if (x := _diff(share, CONTROL, None, k)) is not None]
     out["C"] = _summary(c_vals)
     out["C"]["decision"] = _sign_decision(out["C"])
@@ -299,7 +311,7 @@ def decide(cells: list[Cell], outcome: str = "primary") -> dict[str, Any]:
 def _fmt(s: Mapping[str, Any]) -> str:
     if s["n"] < 2:
         return f"n={s['n']}"
-    return f"{s['mean']:+.2f} [{s['low']:+.2f}, {s['high']:+.2f}] (n={s['n']})"
+    return f"{s['mean']:+.2f} [{s['low']:+.2f}, {s['high']:+.2f}] (n={s['n']}, sd {s['sd']:.2f})"
 
 
 def _num(x: float | None, spec: str = ".1f") -> str:
@@ -308,23 +320,33 @@ def _num(x: float | None, spec: str = ".1f") -> str:
 
 def render_cells(cells: list[Cell]) -> list[str]:
     lines = [
-        "| setting | rule | seed | P(correct) | avg@n | train acc | gap (last 4) | CV within | weight ratio "
-        "| verbose % | checks |",
+        "| setting | rule | seed | avg@n | P(correct) | train acc | gap (last 4) | CV within | weight ratio "
+        "| echo % | checks |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     order = {"pos": 0, "neg": 1, CONTROL: 2}
     for c in sorted(cells, key=lambda c: (order[c.arm], str(c.spread), RULES.index(c.rule), c.seed)):
         checks = "; ".join(([f"rule: {c.rule_problem}"] if c.rule_problem else []) + c.gate) or "pass"
         lines.append(
-            f"| {c.setting} | {c.rule} | {c.seed} | {_num(c.primary)} | {c.sampled:.1f} | {c.train_acc:.1f} | "
-            f"{c.gap:+.1f} ({c.gap_last:+.1f}) | {c.cv:.2f} | {c.weight_ratio:.4f} | {_num(c.verbose_share)} "
+            f"| {c.setting} | {c.rule} | {c.seed} | {c.sampled:.1f} | {_num(c.prob)} | {c.train_acc:.1f} | "
+            f"{c.gap:+.1f} ({c.gap_last:+.1f}) | {c.cv:.2f} | {c.weight_ratio:.4f} | {_num(c.echo_share)} "
             f"| {checks} |"
         )
     return lines
 
 
+OUTCOMES = {
+    "sampled": "avg@n (primary)",
+    "prob": "P(correct) (secondary)",
+    "train_acc": "training accuracy (secondary)",
+}
+
+
 def render_decisions(h: Mapping[str, Any], outcome: str) -> list[str]:
-    lines = [f"**{outcome}** (points; mean [95% t interval] over paired values, n after the gate):", ""]
+    lines = [
+        f"**{OUTCOMES[outcome]}** (points; mean [95% t interval] over paired values, n after the gate):",
+        "",
+    ]
     lines.append(
         f"- H1 (weight ratios): {h['H1']['decision']}" + "".join(f"; {x}" for x in h["H1"]["violations"])
     )
@@ -336,7 +358,7 @@ def render_decisions(h: Mapping[str, Any], outcome: str) -> list[str]:
             f"{p['decision']}"
         )
     lines.append(f"- H4 overall (every setting non-inferior): {h['H4']['decision']}")
-    lines.append(f"- C verbose share, token - sequence (control): {_fmt(h['C'])}: {h['C']['decision']}")
+    lines.append(f"- C echo share, token - sequence (control): {_fmt(h['C'])}: {h['C']['decision']}")
     return lines
 
 
@@ -344,7 +366,7 @@ def render(cells: list[Cell]) -> str:
     """Every cell with its checks, then the decisions on the primary and secondary outcomes."""
     n_out = sum(not c.analysed for c in cells)
     lines = render_cells(cells) + ["", f"Cells analysed: {len(cells) - n_out} of {len(cells)}.", ""]
-    for outcome in ("primary", "sampled", "train_acc"):
+    for outcome in OUTCOMES:
         lines += render_decisions(decide(cells, outcome), outcome) + [""]
     return "\n".join(lines)
 

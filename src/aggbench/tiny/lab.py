@@ -30,7 +30,7 @@ from aggbench.tiny.model import (
     sample_responses,
     skill_task,
 )
-from aggbench.tiny.task import TaskConfig, make_task, response_style, task_reward
+from aggbench.tiny.task import TaskConfig, has_echo, make_task, response_style, task_reward
 
 # name -> the knobs, as configs/lab.yaml's models name them (tiny-<name>)
 SETTINGS: dict[str, TaskConfig] = {
@@ -38,15 +38,15 @@ SETTINGS: dict[str, TaskConfig] = {
     for gap in ("positive", "negative")
     for spread in ("low", "high")
 }
-# lab v2 (configs/lab_v2.yaml, docs/lab.md "Lab v2"): one-line gaps, padding after the box, and the
-# positive control (half the worked answers verbose)
+# lab v2 (configs/lab_v2.yaml, docs/lab.md "Lab v2"): one-line gaps, the echo lines before the box,
+# and the positive control (half the worked answers echo, no guess does)
 SETTINGS_V2: dict[str, TaskConfig] = {
     **{
         f"{gap[:3]}-{name}": TaskConfig(gap=gap, spread=spread)
         for gap in ("positive_line", "negative_line")
-        for name, spread in (("low", "low"), ("high", "tail"))
+        for name, spread in (("low", "low"), ("high", "echo"))
     },
-    "control": TaskConfig(verbose_share=0.5),
+    "control": TaskConfig(spread="echo_worked"),
 }
 
 
@@ -250,8 +250,8 @@ def measure(
     Returns accuracy, gap (mean length correct - incorrect; None without both), gap_within (the
     same inside each prompt group, averaged over the groups that have both), cv (pooled), cv_within
     (mean over groups of the group's CV), mean_len, worked_share (responses with a hop line),
-    accuracy_worked / accuracy_guess, verbose_share (the share of the worked answers at verbosity 2;
-    None without worked answers), truncated (share without eos) and n_responses.
+    accuracy_worked / accuracy_guess, echo_share (the share of the worked answers that echo their
+    letter before the box, ``spread="echo"``'s block; None without worked answers), truncated (share without eos) and n_responses.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -275,11 +275,7 @@ def measure(
 
     within = [g for g in (gap(idx) for idx in groups) if g is not None]
     by_style = {s: [r for r, st in zip(rewards, styles, strict=True) if st == s] for s in ("worked", "guess")}
-    verbose = [
-        response_style(t, verbose=True) == "verbose"
-        for t, s in zip(texts, styles, strict=True)
-        if s == "worked"
-    ]
+    echo = [has_echo(t) for t, s in zip(texts, styles, strict=True) if s == "worked"]
     return {
         "accuracy": sum(rewards) / len(rewards),
         "gap": gap(range(len(texts))),
@@ -288,7 +284,7 @@ def measure(
         "cv_within": _mean([_cv([lengths[i] for i in idx]) for idx in groups]),
         "mean_len": sum(lengths) / len(lengths),
         "worked_share": len(by_style["worked"]) / len(texts),
-        "verbose_share": _mean(verbose),  # of the worked answers: verbosity 2 (verbose_share's form)
+        "echo_share": _mean(echo),  # of the worked answers
         "accuracy_worked": _mean(by_style["worked"]),
         "accuracy_guess": _mean(by_style["guess"]),
         "truncated": sum(n >= budget for n in lengths) / len(lengths),

@@ -38,7 +38,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from aggbench.tiny.task import BOX, KNOBS, TaskConfig, make_task, response_style, sft_examples, task_reward
+from aggbench.tiny.task import (
+    BOX,
+    MIX_KNOBS,
+    TaskConfig,
+    make_task,
+    response_style,
+    sft_examples,
+    task_reward,
+)
 
 PAD, BOS, EOS, UNK = "<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
@@ -211,8 +219,9 @@ def sft_warm_start(
 
 
 def skill_task(task: TaskConfig) -> TaskConfig:
-    """The warm start's first phase: worked answers only, no lab knobs."""
-    return replace(task, worked_fraction=1.0, **{k: getattr(TaskConfig, k) for k in KNOBS})
+    """The warm start's first phase: worked answers only, without the mix phase's knobs (gap and
+    spread; ``verbose_share`` stays, so the verbose form is learnt with the skill)."""
+    return replace(task, worked_fraction=1.0, **{k: getattr(TaskConfig, k) for k in MIX_KNOBS})
 
 
 @dataclass

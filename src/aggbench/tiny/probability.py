@@ -28,7 +28,7 @@ import math
 from typing import Any
 
 from aggbench.tiny.model import render_prompt
-from aggbench.tiny.task import BOX, Problem, TaskConfig, style_target, tail_lines
+from aggbench.tiny.task import BOX, Problem, TaskConfig, style_target
 
 # the mean uncovered mass below which prob_correct stands for the accuracy (at most 2 points)
 USABLE_BELOW = 0.02
@@ -47,37 +47,34 @@ def answer_stems(problem: Problem, cfg: TaskConfig) -> list[tuple[str, list[str]
     """The warm start's style set for ``problem`` under ``cfg`` as (stem, letters): each answer is a
     stem (the lines before the box, newline-ended, or empty), then ``\\boxed{X}`` for a letter X of
     the stem's list: the worked answer's hop lines with the right letter only; the guess's opening
-    (empty, or the negative gap's filler lines) with every letter of the map; each also opened with
-    the padding block when ``cfg.spread`` is high; with ``verbose_share``, the verbose worked answer too."""
+    (empty, or the negative gap's filler lines) with every letter of the map; each also with the
+    spread knob's padding where it pads that style (``"echo"`` writes the letter before the box, so
+    its guesses have one stem per letter); with ``verbose_share``, the verbose worked answer too."""
     letters = sorted({src for src, _ in problem.mapping})
     out = []
-    # spread "tail" pads after the box, where the answer is already decided: no stems of its own
-    for padded in (False, True) if cfg.spread == "high" else (False,):
+    for padded in (False, True) if cfg.spread != "low" else (False,):
         worked = [style_target(problem, cfg, "worked", padded=padded)]
         if cfg.verbose_share > 0:
             worked.append(style_target(problem, cfg, "worked", padded=padded, verbose=True))
-        guess = style_target(problem, cfg, "guess", padded=padded)
         out += [(w[: w.rindex(BOX)], [problem.answer]) for w in worked]
-        out.append((guess[: guess.rindex(BOX)], letters))
+        if padded and not cfg.pads("guess"):
+            continue
+        if padded and cfg.spread == "echo":
+            for x in letters:
+                guess = style_target(problem, cfg, "guess", padded=True, letter=x)
+                out.append((guess[: guess.rindex(BOX)], [x]))
+        else:
+            guess = style_target(problem, cfg, "guess", padded=padded)
+            out.append((guess[: guess.rindex(BOX)], letters))
     return out
 
 
-def answer_endings(cfg: TaskConfig) -> list[str]:
-    """What may follow an answer's closing ``}`` before eos: nothing, or with ``spread="tail"`` the
-    padding block after the box."""
-    if cfg.spread != "tail":
-        return [""]
-    return ["", "\n" + "\n".join(tail_lines(cfg.verbosity))]
-
-
 def answer_templates(problem: Problem, cfg: TaskConfig) -> list[tuple[str, bool]]:
-    """(text, correct) of every answer of :func:`answer_stems` with each of :func:`answer_endings`
-    (distinct texts)."""
+    """(text, correct) of every answer of :func:`answer_stems` (distinct texts)."""
     return [
-        (f"{stem}{BOX}{x}}}{end}", x == problem.answer)
+        (f"{stem}{BOX}{x}}}", x == problem.answer)
         for stem, letters in answer_stems(problem, cfg)
         for x in letters
-        for end in answer_endings(cfg)
     ]
 
 
@@ -98,13 +95,11 @@ def template_probabilities(
     Nothing is computed twice: up to ``group_size`` problems whose rendered prompts have the same
     length run together (1), their key/value cache is copied once per stem and the stems plus the
     box token continue from it (2): the box position's next-token distribution gives every letter at
-    once; then each (stem, letter, ending) continues with the letter, ``}`` and the ending (3), which
-    gives them and eos.
+    once; then each (stem, letter) continues with the letter and ``}`` (3), which gives them and eos.
     Positions are passed explicitly, since stems of different lengths are right-padded."""
     import torch
 
     box = tokenizer.convert_tokens_to_ids(BOX)
-    endings = answer_endings(cfg)
     enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     prompt_ids = prompt_ids or [enc(render_prompt(tokenizer, p)) for p in prompts]
     problems = [parse_prompt(p) for p in prompts]
@@ -131,17 +126,15 @@ def template_probabilities(
                 stem_lp, at_box, cache = step.extend(
                     cache, [where[i] for i, _, _ in stems], [s + [box] for _, s, _ in stems], head
                 )
-                rows = [
-                    (r, x, end) for r, (_, _, letters) in enumerate(stems) for x in letters for end in endings
-                ]
+                rows = [(r, x) for r, (_, _, letters) in enumerate(stems) for x in letters]
                 tail_lp, _, _ = step.extend(
                     cache,
-                    [r for r, _, _ in rows],
-                    [enc(x) + enc("}" + end) for _, x, end in rows],
+                    [r for r, _ in rows],
+                    [enc(x) + enc("}") for _, x in rows],
                     at_box,
                     eos=tokenizer.eos_token_id,
                 )
-                for (r, x, _), value in zip(rows, tail_lp, strict=True):
+                for (r, x), value in zip(rows, tail_lp, strict=True):
                     i = stems[r][0]
                     p = math.exp(stem_lp[r] + value)
                     out[i]["p_covered"] += p

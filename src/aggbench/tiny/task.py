@@ -48,17 +48,27 @@ only the warm-started model differs.
   block has CV sqrt((1 - q) / q) = 2.4 at q = 0.15, while a uniform line count has at most 0.58 and
   would lower the pooled CV. A wider hop range would also spread the lengths, but it changes the
   problems and their difficulty. ``"low"`` (default): no padding.
-- ``spread="tail"`` (lab v2): with probability ``TAIL_PROB`` an answer of either style *ends* with
-  ``TAIL_LINES`` padding lines after its box, meant not to cost accuracy as v1's opening block did
-  (worked answers 0.97 -> 0.85 right). Lab v2's pilot 1 (docs/lab.md) found it does anyway: a
-  sampled tail can degenerate and write a second box, which the reward reads, so padded answers
-  ended wrong more often and pos-high's gap turned negative in RL.
-- ``verbose_share`` (lab v2's positive control): that share of the worked answers is written at
+- ``spread="echo"`` (lab v2): with probability ``ECHO_PROB`` an answer of either style writes its
+  letter on ``ECHO_LINES`` lines (``so c``) just before its box. Each line copies the letter of the
+  line above, the copy a worked hop line already makes, so the block is meant not to cost accuracy
+  (v1's opening block did: worked answers 0.97 -> 0.85 right, the first hop line moved away from
+  the prompt) and cannot write a second box after the answer (pilot 1's ``"tail"`` block after the
+  box did: padded answers ended wrong more often and pos-high's gap turned negative in RL).
+- ``spread="echo_worked"`` (lab v2's positive control, with the default ``gap``): the echo block
+  on worked answers only (with probability ``ECHO_PROB``), so the right answers come in two
+  lengths, equally right, and the wrong ones (guesses, the box alone) have no block to choose.
+  Sequence aggregation's 1/|o| weighting must then favour the short form among right answers, where
+  token aggregation has no preference between them; no wrong answer makes the same choice, so
+  nothing pulls the other way (with ``"echo"``, token aggregation's larger weight on long wrong
+  guesses pushes the block down in a context much like the worked answers').
+- ``verbose_share`` (pilot 1's candidate positive control, refuted twice): that share of the worked answers is written at
   verbosity 2 (29 tokens a hop) instead of ``verbosity``: correct answers of two lengths, meant to
   be equally right, so that sequence aggregation's 1/|o| weighting favours the short ones where
-  token aggregation (the unbiased policy gradient) has no preference. Pilot 1 (docs/lab.md): with
-  the verbose form taught only in the 500-step warm start's second half, the look-up skill was lost
-  (worked answers 25% right), so this control does not work as it stands.
+  token aggregation (the unbiased policy gradient) has no preference. Unlike ``gap`` and
+  ``spread`` it is kept in the warm start's skill phase (``MIX_KNOBS``): pilot 1 (docs/lab.md)
+  taught the verbose form only in the second half and the look-up skill was lost (worked answers
+  25% right); pilot 2 taught it with the skill and worked answers were 16% right: two hop-line
+  formats are more than the tiny model learns in 250 steps. ``"echo_worked"`` replaced it.
 
 Records use the harness's canonical form ``{"id", "prompt", "answer"}``; the prompt is the user
 message only (the chat template is applied elsewhere). Test problems come from a fixed eighth of
@@ -76,15 +86,15 @@ BOX = "\\boxed{"
 NODES = "abcdefghijklmnopqrstuvwxyz"
 VERBOSITY_LEVELS = (0, 1, 2)
 GAPS = ("positive", "negative", "positive_line", "negative_line")
-SPREADS = ("low", "high", "tail")
+SPREADS = ("low", "high", "echo", "echo_worked")
 # spread="high": the share of warm-start answers that open with the padding block, and its lines.
 PAD_PROB = 0.15
 PAD_LINES = 9
-# spread="tail" (lab v2): the share of warm-start answers that end with a padding block after the
-# box, and its lines: half, so the block's own length CV is 1 (sqrt((1 - q) / q)).
-TAIL_PROB = 0.5
-TAIL_LINES = 6
-PAD_PROBS = {"high": PAD_PROB, "tail": TAIL_PROB}
+# spread="echo" (lab v2): the share of warm-start answers that echo their letter before the box, and
+# the echo lines: half, so the block's own length CV is 1 (sqrt((1 - q) / q)).
+ECHO_PROB = 0.5
+ECHO_LINES = 6
+PAD_PROBS = {"high": PAD_PROB, "echo": ECHO_PROB, "echo_worked": ECHO_PROB}
 # One in TEST_BUCKETS of all problems (by hash) is reserved for test splits.
 TEST_BUCKETS = 8
 
@@ -162,9 +172,14 @@ def _filler_lines(word: str, numbers: range, verbosity: int) -> list[str]:
     return [f"{word} {n}".ljust(width, ".") for n in numbers]
 
 
-def tail_lines(verbosity: int) -> list[str]:
-    """``spread="tail"``'s padding block, the lines after the box."""
-    return _filler_lines("wait", range(1, TAIL_LINES + 1), verbosity)
+def echo_lines(letter: str) -> list[str]:
+    """``spread="echo"``'s block before the box: the answer's letter, once a line."""
+    return [f"so {letter}"] * ECHO_LINES
+
+
+def has_echo(text: str) -> bool:
+    """Whether a response writes an echo line (``so X``), as ``spread="echo"`` answers do."""
+    return any(line.startswith("so ") for line in text.splitlines())
 
 
 @dataclass(frozen=True)
@@ -188,10 +203,11 @@ class TaskConfig:
         ``"negative"`` (guesses, mostly wrong, open with filler lines and are the long ones); see
         the module docstring. A warm-start knob: the problems do not depend on it.
     spread: ``"low"`` (default: no padding) or ``"high"`` (a share ``PAD_PROB`` of the answers, of
-        either style, open with ``PAD_LINES`` padding lines) or ``"tail"`` (a share ``TAIL_PROB``
-        end with ``TAIL_LINES`` padding lines after the box); a warm-start knob like ``gap``.
+        either style, open with ``PAD_LINES`` padding lines) or ``"echo"`` (a share ``ECHO_PROB``
+        write ``ECHO_LINES`` lines echoing their letter before the box) or ``"echo_worked"`` (the same
+        on worked answers only); a warm-start knob like ``gap``.
     verbose_share: share of the worked warm-start answers written at verbosity 2 (0: none, the
-        default); a warm-start knob like ``gap``.
+        default); a warm-start knob, but kept in the skill phase (see the module docstring).
     """
 
     n_nodes: int = 6
@@ -232,38 +248,52 @@ class TaskConfig:
         targets = [style_target(longest, self, s, padded=padded, verbose=v) for s, v in variants]
         return max(len(t) for t in targets) - len(BOX) + 1 + 1  # BOX is one token; eos
 
+    def pads(self, style: str) -> bool:
+        """Whether the spread knob pads answers of ``style`` (some of them)."""
+        return self.spread != "low" and (self.spread != "echo_worked" or style == "worked")
+
     def knobs(self) -> dict[str, str]:
         """The lab knobs that differ from the default task (empty for today's task)."""
         return {k: getattr(self, k) for k in KNOBS if getattr(self, k) != getattr(TaskConfig, k)}
 
 
 STYLES = ("worked", "guess")
-KNOBS = ("gap", "spread", "verbose_share")  # the warm-start knobs: the skill phase has none of them
+KNOBS = ("gap", "spread", "verbose_share")  # the warm-start knobs
+MIX_KNOBS = ("gap", "spread")  # the ones the skill phase leaves out (it teaches worked answers only)
 
 
 def style_target(
-    problem: Problem, cfg: TaskConfig, style: str, *, padded: bool = False, verbose: bool = False
+    problem: Problem,
+    cfg: TaskConfig,
+    style: str,
+    *,
+    padded: bool = False,
+    verbose: bool = False,
+    letter: str | None = None,
 ) -> str:
     """A warm-start answer of ``style`` under ``cfg``'s knobs; ``padded`` adds the spread knob's
-    padding block (before the answer for ``"high"``, after the box for ``"tail"``); ``verbose``
-    writes a worked answer at verbosity 2 (``verbose_share``)."""
-    guess = problem.guess_target()
+    padding block (before the answer for ``"high"``, the echo lines before the box for ``"echo"``;
+    ignored where the knob does not pad ``style``, see ``TaskConfig.pads``); ``verbose`` writes a
+    worked answer at verbosity 2 (``verbose_share``); ``letter`` is the answer a guess gives
+    (default: the right one, as the warm start teaches)."""
+    answer = letter or problem.answer
+    padded = padded and cfg.pads(style)
     if style == "worked":
-        lines = [problem.worked_target(2 if verbose else cfg.verbosity)]
+        lines = problem.worked_target(2 if verbose else cfg.verbosity).splitlines()[:-1]
     elif cfg.gap == "positive":
-        lines = [guess]
+        lines = []
     else:
         fillers = {
             "negative": cfg.max_hops + 1,
             "negative_line": problem.hops + 1,
             "positive_line": problem.hops - 1,
         }
-        lines = [*_filler_lines("skip", range(fillers[cfg.gap]), cfg.verbosity), guess]
-    if padded and cfg.spread == "tail":
-        lines += tail_lines(cfg.verbosity)
+        lines = _filler_lines("skip", range(fillers[cfg.gap]), cfg.verbosity)
+    if padded and cfg.spread.startswith("echo"):
+        lines += echo_lines(answer)
     elif padded:
         lines = _filler_lines("wait", range(1, PAD_LINES + 1), cfg.verbosity) + lines
-    return "\n".join(lines)
+    return "\n".join([*lines, f"{BOX}{answer}}}"])
 
 
 def response_style(text: str, *, verbose: bool = False) -> str:
@@ -350,7 +380,7 @@ def make_validation(
 def sft_examples(rng: random.Random, cfg: TaskConfig, n: int) -> list[tuple[str, str, str]]:
     """``n`` warm-start examples ``(prompt, target, style)`` from the training half; style is
     ``"worked"`` with probability ``cfg.worked_fraction``, else ``"guess"``. With a spread other than
-    ``"low"`` one more draw per example decides the padding, and with ``verbose_share`` one more per
+    ``"low"`` one more draw per example decides the padding (applied where ``cfg.pads(style)``), and with ``verbose_share`` one more per
     worked example its verbosity (so the default task draws exactly as before)."""
     out = []
     for _ in range(n):
