@@ -366,7 +366,6 @@ def prepare_model(
     verbosity: int | None = None,
     gap: str | None = None,
     spread: str | None = None,
-    verbose_share: float | None = None,
     probe_prompts: int = 32,
     config_overrides: dict[str, Any] | None = None,
     force: bool = False,
@@ -378,8 +377,8 @@ def prepare_model(
     ``skill_from`` (tiny only): continue the warm start from that saved skill phase (the same
     weights, so not part of the request).
 
-    The tiny model's record holds its task config (``task``); the lab knobs (``gap``, ``spread``,
-    ``verbose_share``) appear there only when they differ from the default task, so directories prepared before the
+    The tiny model's record holds its task config (``task``); the lab knobs (``gap``, ``spread``)
+    appear there only when they differ from the default task, so directories prepared before the
     knobs existed still match a default request.
     """
     from aggbench.tiny.model import DEFAULT_SFT_STEPS  # cheap: torch is imported lazily there
@@ -391,7 +390,6 @@ def prepare_model(
         "verbosity": verbosity,
         "gap": gap,
         "spread": spread,
-        "verbose_share": verbose_share,
     }
     task = replace(TaskConfig(), **{k: v for k, v in overrides.items() if v is not None})
     sft_steps = DEFAULT_SFT_STEPS if sft_steps is None else sft_steps

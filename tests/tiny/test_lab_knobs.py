@@ -139,15 +139,14 @@ def test_echo_worked_echoes_only_worked_answers_the_controls_two_right_lengths()
     assert cfg.knobs() == {"spread": "echo_worked"}
 
 
-def test_verbose_share_writes_that_share_of_worked_answers_at_verbosity_two():
-    cfg = TaskConfig(verbose_share=0.5)
-    examples = sft_examples(random.Random(0), cfg, 4000)
-    worked = [t for _, t, s in examples if s == "worked"]
-    verbose = [response_style(t, verbose=True) == "verbose" for t in worked]
-    assert abs(statistics.mean(verbose) - 0.5) < 4 * (0.25 / len(verbose)) ** 0.5  # 4 standard errors
-    assert all(t.startswith(BOX) and "\n" not in t for _, t, s in examples if s == "guess")  # the box alone
-    assert cfg.knobs() == {"verbose_share": 0.5}
-    assert cfg.max_response_tokens() > TaskConfig().max_response_tokens() + 60  # 29 tokens a hop, not 7
+def test_letter_sets_a_guess_only():
+    cfg = TaskConfig(spread="echo")
+    problem = sample_problem(random.Random(2), cfg)
+    other = next(x for x, _ in problem.mapping if x != problem.answer)
+    guess = style_target(problem, cfg, "guess", padded=True, letter=other)
+    assert guess.endswith(f"so {other}\n{BOX}{other}}}") and task_reward(guess, problem.answer) == 0.0
+    with pytest.raises(ValueError, match="letter is for guesses"):
+        style_target(problem, cfg, "worked", letter=other)
 
 
 def test_bad_knob_values_name_the_field_and_the_choices():
@@ -234,12 +233,14 @@ def test_spread_knob_raises_the_measured_cv(measured):
 
 def test_the_skill_phase_drops_gap_and_spread_so_all_five_v2_settings_share_it():
     """The skill phase teaches worked answers without the mix phase's knobs, so the four gap x spread
-    settings and the echo control share one; ``verbose_share`` (pilot 1's control, refuted) stays in it."""
+    settings and the echo control share one."""
     from aggbench.tiny.lab import SETTINGS_V2, shared_skill_phases
     from aggbench.tiny.model import skill_task
 
     assert skill_task(TaskConfig(gap="negative_line", spread="echo")) == TaskConfig(worked_fraction=1.0)
-    assert skill_task(TaskConfig(verbose_share=0.5)) == TaskConfig(worked_fraction=1.0, verbose_share=0.5)
+    assert skill_task(TaskConfig(spread="echo_worked", verbosity=1)) == TaskConfig(
+        worked_fraction=1.0, verbosity=1
+    )
     models = {
         f"tiny-{k}": {"source": "tiny", "sft_steps": 500, "task": cfg.knobs()}
         for k, cfg in SETTINGS_V2.items()

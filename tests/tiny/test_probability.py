@@ -21,15 +21,14 @@ KNOBS = [
     TaskConfig(gap="negative"),
     TaskConfig(spread="high"),
     TaskConfig(gap="negative", spread="high", verbosity=1),
-    # lab v2's: one-line gaps, the echo lines before the box, the verbose control
+    # lab v2's: one-line gaps, the echo lines before the box, the echo control
     TaskConfig(gap="positive_line", spread="echo"),
     TaskConfig(gap="negative_line", spread="echo", verbosity=1),
-    TaskConfig(verbose_share=0.5),
     TaskConfig(spread="echo_worked"),
 ]
 
 
-@pytest.mark.parametrize("cfg", KNOBS, ids=lambda c: f"{c.gap}-{c.spread}-v{c.verbosity}-{c.verbose_share}")
+@pytest.mark.parametrize("cfg", KNOBS, ids=lambda c: f"{c.gap}-{c.spread}-v{c.verbosity}")
 def test_the_templates_are_the_warm_starts_whole_style_set(cfg):
     rng = random.Random(0)
     for _ in range(40):
@@ -39,10 +38,8 @@ def test_the_templates_are_the_warm_starts_whole_style_set(cfg):
         assert len(texts) == len(answer_templates(p, cfg))  # distinct
         for text, correct in texts.items():
             assert correct == (task_reward(text, p.answer) == 1.0)
-        # worked (and its verbose form) + the right guess, each padded or not (echo_worked: not the guess)
-        variants = (2 if cfg.spread != "low" else 1) * (3 if cfg.verbose_share else 2) - (
-            cfg.spread == "echo_worked"
-        )
+        # worked + the right guess, each padded or not (echo_worked: not the guess)
+        variants = (2 if cfg.spread != "low" else 1) * 2 - (cfg.spread == "echo_worked")
         assert sum(texts.values()) == variants
         for style in ("worked", "guess"):
             for padded in (False, True) if cfg.pads(style) else (False,):
@@ -70,7 +67,7 @@ def _reference(model, tokenizer, prompt, cfg, temperature):
 
 
 @pytest.mark.parametrize(
-    "cfg", [KNOBS[1], KNOBS[2], KNOBS[4], KNOBS[6]], ids=["negative", "high", "echo", "verbose"]
+    "cfg", [KNOBS[1], KNOBS[2], KNOBS[4], KNOBS[6]], ids=["negative", "high", "echo", "echo_worked"]
 )
 def test_cached_teacher_forcing_equals_a_forward_pass_per_answer(tiny_model_dir, cfg):
     from transformers import AutoModelForCausalLM, AutoTokenizer

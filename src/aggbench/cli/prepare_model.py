@@ -91,11 +91,8 @@ def _fmt(x: float | None) -> str:
 @_task_option(
     "spread",
     click.Choice(SPREADS),
-    "high opens a share of the answers (either style) with a padding block, tail ends half of them with "
-    "one after the box: both spread the lengths.",
-)
-@_task_option(
-    "verbose_share", click.FloatRange(0.0, 1.0), "share of the worked answers written at verbosity 2."
+    "high opens a share of the answers (either style) with a padding block; echo writes the letter on "
+    "6 lines before the box in half of them, echo_worked the same in worked answers only.",
 )
 @click.option(
     "--probe-prompts",
@@ -140,7 +137,6 @@ def command(
     verbosity,
     gap,
     spread,
-    verbose_share,
     probe_prompts,
     config_override,
     skill_phase_only,
@@ -176,7 +172,6 @@ def command(
         verbosity=verbosity,
         gap=gap,
         spread=spread,
-        verbose_share=verbose_share,
         probe_prompts=probe_prompts,
         config_overrides=parse_overrides(config_override),
         force=force,

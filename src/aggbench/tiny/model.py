@@ -40,7 +40,7 @@ from typing import Any
 
 from aggbench.tiny.task import (
     BOX,
-    MIX_KNOBS,
+    KNOBS,
     TaskConfig,
     make_task,
     response_style,
@@ -220,8 +220,8 @@ def sft_warm_start(
 
 def skill_task(task: TaskConfig) -> TaskConfig:
     """The warm start's first phase: worked answers only, without the mix phase's knobs (gap and
-    spread; ``verbose_share`` stays, so the verbose form is learnt with the skill)."""
-    return replace(task, worked_fraction=1.0, **{k: getattr(TaskConfig, k) for k in MIX_KNOBS})
+    spread)."""
+    return replace(task, worked_fraction=1.0, **{k: getattr(TaskConfig, k) for k in KNOBS})
 
 
 @dataclass

@@ -49,14 +49,12 @@ def answer_stems(problem: Problem, cfg: TaskConfig) -> list[tuple[str, list[str]
     the stem's list: the worked answer's hop lines with the right letter only; the guess's opening
     (empty, or the negative gap's filler lines) with every letter of the map; each also with the
     spread knob's padding where it pads that style (``"echo"`` writes the letter before the box, so
-    its guesses have one stem per letter); with ``verbose_share``, the verbose worked answer too."""
+    its guesses have one stem per letter)."""
     letters = sorted({src for src, _ in problem.mapping})
     out = []
     for padded in (False, True) if cfg.spread != "low" else (False,):
-        worked = [style_target(problem, cfg, "worked", padded=padded)]
-        if cfg.verbose_share > 0:
-            worked.append(style_target(problem, cfg, "worked", padded=padded, verbose=True))
-        out += [(w[: w.rindex(BOX)], [problem.answer]) for w in worked]
+        worked = style_target(problem, cfg, "worked", padded=padded)
+        out.append((worked[: worked.rindex(BOX)], [problem.answer]))
         if padded and not cfg.pads("guess"):
             continue
         if padded and cfg.spread == "echo":

@@ -61,14 +61,9 @@ only the warm-started model differs.
   token aggregation has no preference between them; no wrong answer makes the same choice, so
   nothing pulls the other way (with ``"echo"``, token aggregation's larger weight on long wrong
   guesses pushes the block down in a context much like the worked answers').
-- ``verbose_share`` (pilot 1's candidate positive control, refuted twice): that share of the worked answers is written at
-  verbosity 2 (29 tokens a hop) instead of ``verbosity``: correct answers of two lengths, meant to
-  be equally right, so that sequence aggregation's 1/|o| weighting favours the short ones where
-  token aggregation (the unbiased policy gradient) has no preference. Unlike ``gap`` and
-  ``spread`` it is kept in the warm start's skill phase (``MIX_KNOBS``): pilot 1 (docs/lab.md)
-  taught the verbose form only in the second half and the look-up skill was lost (worked answers
-  25% right); pilot 2 taught it with the skill and worked answers were 16% right: two hop-line
-  formats are more than the tiny model learns in 250 steps. ``"echo_worked"`` replaced it.
+- Pilot 1's ``verbose_share`` control (a share of the worked answers written at verbosity 2) was
+  refuted twice (docs/lab.md: taught with the skill or after it, the look-up was lost) and removed
+  after lab v2 ran; ``"echo_worked"`` replaced it (the code is at commit a8044b7).
 
 Records use the harness's canonical form ``{"id", "prompt", "answer"}``; the prompt is the user
 message only (the chat template is applied elsewhere). Test problems come from a fixed eighth of
@@ -206,8 +201,6 @@ class TaskConfig:
         either style, open with ``PAD_LINES`` padding lines) or ``"echo"`` (a share ``ECHO_PROB``
         write ``ECHO_LINES`` lines echoing their letter before the box) or ``"echo_worked"`` (the same
         on worked answers only); a warm-start knob like ``gap``.
-    verbose_share: share of the worked warm-start answers written at verbosity 2 (0: none, the
-        default); a warm-start knob, but kept in the skill phase (see the module docstring).
     """
 
     n_nodes: int = 6
@@ -218,7 +211,6 @@ class TaskConfig:
     random_letters: bool = False
     gap: str = "positive"
     spread: str = "low"
-    verbose_share: float = 0.0
 
     def __post_init__(self) -> None:
         if not 3 <= self.n_nodes <= len(NODES):
@@ -235,17 +227,14 @@ class TaskConfig:
             raise ValueError(f"gap must be one of {GAPS}, got {self.gap!r}")
         if self.spread not in SPREADS:
             raise ValueError(f"spread must be one of {SPREADS}, got {self.spread!r}")
-        if not 0.0 <= self.verbose_share <= 1.0:
-            raise ValueError(f"verbose_share must be in [0, 1], got {self.verbose_share!r}")
 
     def max_response_tokens(self) -> int:
         """Tokens of the longest warm-start answer, eos included: size max_new_tokens at least this."""
         cycle = NODES[: self.n_nodes]
         mapping = tuple((c, cycle[(i + 1) % self.n_nodes]) for i, c in enumerate(cycle))
         longest = Problem(mapping=mapping, start="a", hops=self.max_hops)
-        variants = [(s, False) for s in STYLES] + [("worked", True)] * (self.verbose_share > 0)
         padded = self.spread != "low"
-        targets = [style_target(longest, self, s, padded=padded, verbose=v) for s, v in variants]
+        targets = [style_target(longest, self, s, padded=padded) for s in STYLES]
         return max(len(t) for t in targets) - len(BOX) + 1 + 1  # BOX is one token; eos
 
     def pads(self, style: str) -> bool:
@@ -258,8 +247,7 @@ class TaskConfig:
 
 
 STYLES = ("worked", "guess")
-KNOBS = ("gap", "spread", "verbose_share")  # the warm-start knobs
-MIX_KNOBS = ("gap", "spread")  # the ones the skill phase leaves out (it teaches worked answers only)
+KNOBS = ("gap", "spread")  # the warm-start knobs (the skill phase leaves them out: worked answers only)
 
 
 def style_target(
@@ -268,18 +256,21 @@ def style_target(
     style: str,
     *,
     padded: bool = False,
-    verbose: bool = False,
     letter: str | None = None,
 ) -> str:
     """A warm-start answer of ``style`` under ``cfg``'s knobs; ``padded`` adds the spread knob's
     padding block (before the answer for ``"high"``, the echo lines before the box for ``"echo"``;
-    ignored where the knob does not pad ``style``, see ``TaskConfig.pads``); ``verbose`` writes a
-    worked answer at verbosity 2 (``verbose_share``); ``letter`` is the answer a guess gives
-    (default: the right one, as the warm start teaches)."""
+    ignored where the knob does not pad ``style``, see ``TaskConfig.pads``); ``letter`` is the answer
+    a guess gives (default: the right one, as the warm start teaches; a worked answer always boxes
+    the answer its hop lines reach)."""
+    if letter is not None and style != "guess":
+        raise ValueError(
+            f"letter is for guesses (a worked answer's box is its last hop), got style={style!r}"
+        )
     answer = letter or problem.answer
     padded = padded and cfg.pads(style)
     if style == "worked":
-        lines = problem.worked_target(2 if verbose else cfg.verbosity).splitlines()[:-1]
+        lines = problem.worked_target(cfg.verbosity).splitlines()[:-1]
     elif cfg.gap == "positive":
         lines = []
     else:
@@ -296,13 +287,10 @@ def style_target(
     return "\n".join([*lines, f"{BOX}{answer}}}"])
 
 
-def response_style(text: str, *, verbose: bool = False) -> str:
-    """``"worked"`` when a response has a first hop line (after any padding), else ``"guess"``; with
-    ``verbose``, a worked answer whose first hop line is at verbosity 2 is ``"verbose"``."""
+def response_style(text: str) -> str:
+    """``"worked"`` when a response has a first hop line (after any padding), else ``"guess"``."""
     first = next((line for line in text.splitlines() if line.startswith(("1) ", "step 1: "))), None)
-    if first is None:
-        return "guess"
-    return "verbose" if verbose and first.startswith("step 1: ") else "worked"
+    return "guess" if first is None else "worked"
 
 
 def sample_problem(rng: random.Random, cfg: TaskConfig) -> Problem:
@@ -380,8 +368,8 @@ def make_validation(
 def sft_examples(rng: random.Random, cfg: TaskConfig, n: int) -> list[tuple[str, str, str]]:
     """``n`` warm-start examples ``(prompt, target, style)`` from the training half; style is
     ``"worked"`` with probability ``cfg.worked_fraction``, else ``"guess"``. With a spread other than
-    ``"low"`` one more draw per example decides the padding (applied where ``cfg.pads(style)``), and with ``verbose_share`` one more per
-    worked example its verbosity (so the default task draws exactly as before)."""
+    ``"low"`` one more draw per example decides the padding (applied where ``cfg.pads(style)``; the default task draws exactly as
+    before the knobs)."""
     out = []
     for _ in range(n):
         p = sample_problem(rng, cfg)
@@ -389,9 +377,7 @@ def sft_examples(rng: random.Random, cfg: TaskConfig, n: int) -> list[tuple[str,
             p = sample_problem(rng, cfg)
         style = "worked" if rng.random() < cfg.worked_fraction else "guess"
         padded = cfg.spread != "low" and rng.random() < PAD_PROBS[cfg.spread]
-        # drawn only when the knob is on, so settings without it draw exactly as before
-        verbose = style == "worked" and cfg.verbose_share > 0 and rng.random() < cfg.verbose_share
-        out.append((p.prompt, style_target(p, cfg, style, padded=padded, verbose=verbose), style))
+        out.append((p.prompt, style_target(p, cfg, style, padded=padded), style))
     return out
 
 
