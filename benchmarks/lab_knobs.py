@@ -8,7 +8,8 @@ averaged within prompt groups), the length CV (pooled and within groups), the me
 share of worked answers and of truncated ones. This script reports; it is not a test
 (``tests/tiny/test_lab_knobs.py`` checks the directions at a smaller budget).
 
-    .venv/bin/python benchmarks/lab_knobs.py [--lab v1|v2] [--sft-steps 500] [--skill-steps N] [--prompts 16]
+    .venv/bin/python benchmarks/lab_knobs.py [--lab v1|v2] [--sft-steps 500] [--skill-steps N] [--lr 1e-3]
+        [--batch-size 16] [--prompts 16]
         [--samples 8] [--threads 1] [--out DIR]
 """
 
@@ -21,7 +22,7 @@ import time
 import torch
 
 from aggbench.tiny.lab import SETTINGS, SETTINGS_V2, measure, warm_start_settings
-from aggbench.tiny.model import DEFAULT_SFT_STEPS
+from aggbench.tiny.model import DEFAULT_SFT_BATCH, DEFAULT_SFT_LR, DEFAULT_SFT_STEPS
 
 COLUMNS = (
     "accuracy",
@@ -50,6 +51,8 @@ def main() -> None:
         default=None,
         help="Steps of the shared skill phase (default: half, as the lab).",
     )
+    parser.add_argument("--lr", type=float, default=DEFAULT_SFT_LR, help="Peak warm-start learning rate.")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_SFT_BATCH, help="Warm-start batch size.")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
@@ -64,7 +67,13 @@ def main() -> None:
         t0 = time.monotonic()
         settings = SETTINGS_V2 if args.lab == "v2" else SETTINGS
         dirs = warm_start_settings(
-            root, settings, steps=args.sft_steps, seed=args.seed, skill_steps=args.skill_steps
+            root,
+            settings,
+            steps=args.sft_steps,
+            seed=args.seed,
+            skill_steps=args.skill_steps,
+            lr=args.lr,
+            batch_size=args.batch_size,
         )
         print(f"warm starts: {args.sft_steps} steps, {time.monotonic() - t0:.0f} s for all {len(dirs)}")
         print("setting    " + " ".join(f"{c[:12]:>12}" for c in COLUMNS))

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from aggbench.rollout.base import Rollouts
+from aggbench.rollout.kv_cache import cache_kwargs
 
 
 class HFEngine:
@@ -96,6 +97,7 @@ class HFEngine:
                     max_new_tokens=max(budgets[g] for g, _ in chunk),
                     pad_token_id=self.pad_id,
                     eos_token_id=self.eos_ids,
+                    **cache_kwargs(self.model, device),  # a doubling KV cache where exact (CPU)
                 )[:, width:].cpu()
                 for i, (g, p) in enumerate(chunk):
                     resp = gen[i].tolist()[: budgets[g]]

@@ -251,7 +251,8 @@ def measure(
     same inside each prompt group, averaged over the groups that have both), cv (pooled), cv_within
     (mean over groups of the group's CV), mean_len, worked_share (responses with a hop line),
     accuracy_worked / accuracy_guess, echo_share (the share of the worked answers that echo their
-    letter before the box, ``spread="echo"``'s block; None without worked answers), truncated (share without eos) and n_responses.
+    letter before the box, ``spread="echo"``'s block; None without worked answers), truncated (share
+    without eos) and n_responses.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -368,8 +368,8 @@ def make_validation(
 def sft_examples(rng: random.Random, cfg: TaskConfig, n: int) -> list[tuple[str, str, str]]:
     """``n`` warm-start examples ``(prompt, target, style)`` from the training half; style is
     ``"worked"`` with probability ``cfg.worked_fraction``, else ``"guess"``. With a spread other than
-    ``"low"`` one more draw per example decides the padding (applied where ``cfg.pads(style)``; the default task draws exactly as
-    before the knobs)."""
+    ``"low"`` one more draw per example decides the padding (applied where ``cfg.pads(style)``; the
+    default task draws exactly as before the knobs)."""
     out = []
     for _ in range(n):
         p = sample_problem(rng, cfg)
