@@ -35,11 +35,12 @@ def _defaults(arm, spread, rule, k):
     }
 
 
-def _write_lab(root, acc, overrides):
+def _write_lab(root, acc, overrides, settings=SETTINGS, rules=RULES):
     """``acc(arm, spread, rule, k)`` -> avg@4; ``overrides[(arm, spread, rule, k)]`` replaces
-    fields of :func:`_defaults` for one cell."""
-    for arm, spread in SETTINGS:
-        for rule in RULES:
+    fields of :func:`_defaults` for one cell. ``settings`` x ``rules`` x SEEDS cells (each logs every
+    rule's diagnostics, as the trainer does)."""
+    for arm, spread in settings:
+        for rule in rules:
             for k in SEEDS:
                 f = {**_defaults(arm, spread, rule, k), **overrides.get((arm, spread, rule, k), {})}
                 run = run_dir(root, f"{_model(arm, spread)}__tiny__{rule}__s{k}")
@@ -117,6 +118,26 @@ def test_decisions_are_the_preregistered_signed_statistics(tmp_path):
     assert h["C"]["decision"] == "supported"
     text = render(cells)
     assert "Cells analysed: 45 of 45." in text and "H3 E" in text
+
+
+def test_lab_v3s_grid_decides_h2_and_leaves_h4_and_c_undecided(tmp_path):
+    """Lab v3 (docs/lab.md): the four gap x spread settings, token and sequence only, analysed by
+    this module as pre-registered: H2 as in v2; no balanced cell, so H4 is not decidable; no control,
+    so C is not."""
+    _write_lab(tmp_path, _acc, {}, settings=SETTINGS[:4], rules=("token", "sequence"))
+    cells = load_cells(tmp_path, step=12, benchmark="tiny_test", metric="avg@4")
+    apply_gate(cells)
+    assert len(cells) == 24 and all(c.analysed for c in cells)
+    h = decide(cells)
+    tms = {(a, s, k): 100 * (EFFECT[(a, s)] + 0.003 * k * k) for a, s in EFFECT for k in SEEDS}
+    d = [statistics.fmean(tms[("pos", s, k)] - tms[("neg", s, k)] for s in ("low", "high")) for k in SEEDS]
+    assert h["H2"]["values"] == pytest.approx(d) and h["H2"]["decision"] == "supported"
+    assert h["H1"]["decision"] == "holds"
+    assert sorted(h["H4"]["settings"]) == ["neg-high", "neg-low", "pos-high", "pos-low"]
+    assert all(p["decision"].startswith("not decidable") for p in h["H4"]["settings"].values())
+    assert h["H4"]["decision"] == "not decidable (no balanced cells)"
+    assert h["C"]["n"] == 0 and h["C"]["decision"].startswith("not decidable")
+    assert "Cells analysed: 24 of 24." in render(cells)
 
 
 def test_a_cell_that_fails_the_gate_is_reported_not_analysed(tmp_path):

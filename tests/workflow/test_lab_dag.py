@@ -1,5 +1,6 @@
-"""configs/lab.yaml and configs/lab_v2.yaml, the controlled length-bias labs: their dry runs are the
-grids the labs promise (v1: 4 knob settings x 3 rules x 3 seeds; v2: 5 settings, its seeds), each
+"""configs/lab.yaml, lab_v2.yaml and lab_v3.yaml, the controlled length-bias labs: their dry runs are
+the grids the labs promise (v1: 4 knob settings x 3 rules x 3 seeds; v2: 5 settings, its seeds; v3:
+v2's four gap x spread settings, token and sequence, 15 fresh seeds, nothing else changed), each
 setting's knobs reaching `aggbench prepare-model`, and a 2-step version of v2 (1 seed, a few prompts)
 runs through Snakemake to the tables and to v2's checks and decisions (aggbench.report.lab_v2)."""
 
@@ -92,6 +93,25 @@ def test_lab_v2_grid_is_five_settings_by_three_rules_by_its_seeds(wf, tmp_path):
         cfg = cell_train_config(exp, f"{name}__tiny__token__s0")
         longest = TaskConfig(**m["task"]).max_response_tokens()
         assert longest < cfg.sampling.max_new_tokens <= exp["evaluation"]["max_tokens"], name
+
+
+def test_lab_v3_is_lab_v2s_h2_part_on_fresh_seeds(wf, tmp_path):
+    """Lab v3 (docs/lab.md, pre-registered): nothing retuned. Its config is v2's without the control
+    and the balanced rule, on 15 seeds v2 did not use; its dry run is that grid."""
+    v2, v3 = (yaml.safe_load(_lab(wf, n).read_text()) for n in ("lab_v2", "lab_v3"))
+    assert v3["models"] == {k: m for k, m in v2["models"].items() if k != "tiny-control"}
+    assert v3["aggregations"] == [{"name": "token"}, {"name": "sequence"}]
+    assert v3["seeds"] == list(range(6, 21)) and not set(v3["seeds"]) & set(v2["seeds"])
+    same = set(v2) - {"experiment", "results_dir", "models", "aggregations", "seeds"}
+    assert {k: v3[k] for k in same} == {k: v2[k] for k in same} and set(v3) == set(v2)
+    exp = load_experiment(_lab(wf, "lab_v3"))
+    proc = wf.run(
+        ["-n", "-p", "--configfile", str(_lab(wf, "lab_v3")), "--config", f"results_dir={tmp_path / 'r'}"]
+    )
+    counts = wf.job_counts(proc.stdout)
+    cells = 4 * 2 * 15
+    assert len(exp["seeds"]) == 15 and counts["train"] == cells and counts["generate"] == cells, counts
+    assert counts["prepare_model"] == 4 and counts["prepare_skill_phase"] == 1, counts
 
 
 @pytest.mark.slow

@@ -256,7 +256,9 @@ def _h4(v: Mapping, settings: list[tuple[str, str | None]], seeds: list[int]) ->
             decision = "inconclusive"
         per[arm if spread is None else f"{arm}-{spread}"] = {"vs": vs, "decision": decision}
     decisions = [p["decision"] for p in per.values()]
-    if all(d.startswith("non-inferior") for d in decisions):
+    if not any(c == "balanced" for *_, c in v):  # lab v3: token and sequence only
+        overall = "not decidable (no balanced cells)"
+    elif all(d.startswith("non-inferior") for d in decisions):
         overall = "holds"
     elif any(d == "contradicted" for d in decisions):
         overall = "contradicted"
