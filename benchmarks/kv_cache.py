@@ -17,7 +17,8 @@ import argparse
 import statistics
 import tempfile
 import time
-from pathlib import Path
+
+from _tiny_policy import warm_tiny_policy  # benchmarks/: run as a script, this directory is on sys.path
 
 
 def main() -> None:
@@ -31,21 +32,13 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from aggbench.rollout import hf
-    from aggbench.tiny.model import build_tiny_model, render_prompt, sft_warm_start
-    from aggbench.tiny.task import make_task
 
     torch.set_num_threads(args.threads)
     doubling = hf.cache_kwargs
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_model(Path(tmp) / "model")
-        sft_warm_start(path, steps=args.sft_steps, batch_size=32, progress=False)
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        _, test = make_task(0, 16, args.prompts)
-        prompts = [tok(render_prompt(tok, r["prompt"]), add_special_tokens=False)["input_ids"] for r in test]
+        _, tok, model, prompts = warm_tiny_policy(tmp, sft_steps=args.sft_steps, n_prompts=args.prompts)
         engine = hf.HFEngine(model, tok, batch_size=args.prompts * args.samples)
         kinds = {"default": lambda *a: {}, "doubling": doubling}
         for length in (int(x) for x in args.max_new_tokens.split(",")):

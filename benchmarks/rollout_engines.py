@@ -21,7 +21,8 @@ import argparse
 import statistics
 import tempfile
 import time
-from pathlib import Path
+
+from _tiny_policy import warm_tiny_policy  # benchmarks/: run as a script, this directory is on sys.path
 
 
 def main() -> None:
@@ -33,21 +34,12 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, default=100)
     args = ap.parse_args()
 
-    import torch
     import vllm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from aggbench.rollout import make_engine
-    from aggbench.tiny.model import build_tiny_model, render_prompt, sft_warm_start
-    from aggbench.tiny.task import make_task
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_model(Path(tmp) / "model")
-        sft_warm_start(path, steps=args.sft_steps, batch_size=32, progress=False)
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        _, test = make_task(0, 16, args.prompts)
-        prompts = [tok(render_prompt(tok, r["prompt"]), add_special_tokens=False)["input_ids"] for r in test]
+        path, tok, model, prompts = warm_tiny_policy(tmp, sft_steps=args.sft_steps, n_prompts=args.prompts)
         t0 = time.perf_counter()
         engines = {
             "hf": make_engine("hf", model, tok, batch_size=args.prompts * args.samples),

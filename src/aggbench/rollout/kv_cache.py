@@ -17,6 +17,7 @@ builds its default cache.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 MIN_CAPACITY = 64  # positions allocated at first; then doubled when full
@@ -54,13 +55,9 @@ def growing_cache(model: Any, device: Any) -> Any | None:
     return cache
 
 
-_CLASS: list[type] = []
-
-
+@functools.cache
 def _growing_layer_class() -> type:
     """GrowingLayer, defined on first use (transformers is imported lazily)."""
-    if _CLASS:
-        return _CLASS[0]
     from transformers.cache_utils import DynamicLayer
 
     class GrowingLayer(DynamicLayer):
@@ -103,5 +100,4 @@ def _growing_layer_class() -> type:
             self._buffers = None
             super().reset()
 
-    _CLASS.append(GrowingLayer)
     return GrowingLayer
