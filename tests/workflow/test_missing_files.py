@@ -70,6 +70,31 @@ def test_a_deleted_store_is_rebuilt_from_the_run_files_by_the_report_alone(wf, s
     assert "Nothing to be done" in text, text[-2000:]
 
 
+def test_a_report_that_misses_a_declared_table_fails_and_keeps_the_store(wf, copy, tmp_path):
+    """A table the rule declares but the report does not write fails the report job in its command,
+    and the store survives. Provoked as it happened on lab v2 (issue 27's note): the config asks for
+    evaluation.extra_seeds, so the rule declares tables/variance.*, while experiment.yaml (which
+    `aggbench report` reads) predates it: the copy has no .snakemake metadata, so Snakemake does not
+    rewrite it. Before the check, the report exited 0, Snakemake raised MissingOutputException and
+    deleted every output, the update()-declared MLflow store included."""
+    store = copy / "mlflow.db"
+    before = hashlib.sha256(store.read_bytes()).hexdigest()
+    config = wf.write_config(
+        tmp_path / "extra.yaml", {"results_dir": str(copy), "evaluation": {"extra_seeds": [1]}}
+    )
+    proc = wf.run(["--cores", "2", "--configfile", str(config)], check=False)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Error in rule report" in text, text[-3000:]
+    assert "MissingOutputException" not in text, text[-3000:]
+    log = (copy / "logs" / "report.log").read_text()
+    assert (
+        "aggbench report did not write " in log
+        and "variance.md" in log
+        and "--forcerun experiment_config" in log
+    )
+    assert store.is_file() and hashlib.sha256(store.read_bytes()).hexdigest() == before
+
+
 def test_a_deleted_evaluation_is_graded_again_and_nothing_else(wf, copy):
     shutil.rmtree(layout.eval_dir(layout.run_dir(copy, CELL), 8))
     counts, jobs, text = _dry(wf, copy)

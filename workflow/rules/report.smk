@@ -21,10 +21,21 @@ rule report:
         f"{R}/logs/report.times.tsv",
     params:
         out=str(layout.tables_dir(R)),
+        # what the rule declares besides the store: checked after the report (below)
+        expected=report_outputs() + [report_plots()],
     threads: rule_threads("report")
     resources:
         **rule_resources("report"),
+    # The last line fails the job when the report did not write a declared output (experiment.yaml
+    # describing another grid than this config, e.g. evaluation.extra_seeds added while the
+    # .snakemake metadata that would rewrite experiment.yaml is missing). It must fail in the
+    # command: Snakemake 9.27 drops the store's update() backup once the command exits 0 and then
+    # deletes every output, the store included, on a MissingOutputException; a failing command gets
+    # the store restored from that backup (tests/workflow/test_missing_files.py).
     shell:
         "{JOB_ENV} export OMP_NUM_THREADS={threads}; "
         "( aggbench ingest --config {input.experiment} && "
-        "aggbench report --config {input.experiment} --out {params.out} ) > {log} 2>&1"
+        "aggbench report --config {input.experiment} --out {params.out} && "
+        "for f in {params.expected:q}; do [ -e \"$f\" ] || {{ echo \"aggbench report did not write $f, which "
+        "this workflow declares: {input.experiment} describes another grid than the config; rewrite it with "
+        "--forcerun experiment_config\" >&2; exit 1; }}; done ) > {log} 2>&1"
