@@ -12,15 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from aggbench.config import (
-    PARAM_VALUE_LIMIT,
-    TrainConfig,
-    check_resume,
-    dump_config,
-    flat_config,
-    load_train_config,
-)
+from aggbench.config import TrainConfig, dump_config, load_train_config
 from aggbench.config_errors import ConfigError
+from aggbench.run_config import PARAM_VALUE_LIMIT, check_resume, flat_config
 from helpers.trainer_support import bare_cell, cell_config, train_config, write_cell
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from helpers.support import import_without
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "aggbench"
 FOUNDATION = {"registry", "files", "layout", "metric_names", "seeds", "devices", "modeldir", "prompts"}
-FOUNDATION |= {"config_errors", "errors", "environment", "golden"}
+FOUNDATION |= {"config_errors", "errors", "environment", "golden", "resources"}
 
 ALLOWED: dict[str, set[str]] = {
     **{name: set() for name in FOUNDATION},
@@ -30,6 +30,8 @@ ALLOWED: dict[str, set[str]] = {
     "modeldir": {"errors", "files", "layout", "tiny/"},  # layout: the COMPLETE marker that carries checksums
     "prompts": {"config_errors"},  # a bad model.stop_tokens is a ConfigError
     "config": {"config_errors", "files", "graders", "layout", "registry"},
+    # a run's recorded config: MLflow params and the resume check (split from config)
+    "run_config": {"config", "config_errors", "layout"},
     "tiny/": set(),
     "aggregation/": {"errors", "registry"},
     "data/": {"errors", "files", "graders", "metric_names", "registry", "tiny/"},
@@ -44,12 +46,14 @@ ALLOWED: dict[str, set[str]] = {
         "data/",
         "errors",
         "layout",
+        "resources",
         "tiny/",
     },  # tiny/: the shared skill phases
     "rollout/": {"seeds"},
     "train/": {
         "aggregation/",
         "config",
+        "run_config",
         "data/",
         "files",
         "graders",
@@ -68,9 +72,10 @@ ALLOWED: dict[str, set[str]] = {
     # other trainers' modes (audit/) and may log to MLflow through tracking's public API
     "integrations/": {"aggregation/", "audit/", "errors", "tracking"},
     "report/": {"config", "data/", "files", "grid", "layout", "metric_names", "provenance", "tracking"}
+    | {"run_config"}  # ingest: a rebuilt run gets the params its trainer gives it
     | {"aggregation/"}  # explain_render: the explain batch's types, for annotations only (no torch)
     | {"tiny/"},  # lab_v2: the built-in task's answer styles (tiny/task imports no torch)
-    "plan/": {"data/", "errors", "grid", "layout", "rollout/", "tiny/"},  # errors: PowerError
+    "plan/": {"data/", "errors", "grid", "layout", "resources", "rollout/", "tiny/"},  # errors: PowerError
     "cli/": {"*"},
 }
 NO_TORCH = (
@@ -81,6 +86,8 @@ NO_TORCH = (
         "files",
         "graders",
         "config",
+        "run_config",
+        "resources",
         "config_errors",
         "errors",
         "prompts",

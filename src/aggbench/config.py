@@ -7,7 +7,6 @@ is written next to a run's outputs and its hash tags the MLflow run.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -16,8 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from aggbench.config_errors import ConfigError, format_errors, model_at, read_yaml_mapping, yaml_problem
-from aggbench.layout import cell_id, resolved_config_file
+from aggbench.config_errors import ConfigError, format_errors, model_at, read_yaml_mapping
+from aggbench.layout import cell_id
 
 
 class _Strict(BaseModel):
@@ -329,117 +328,6 @@ class TrainConfig(_Strict):
         data["model"].pop("path", None)
         data["dataset"].pop("path", None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
-
-
-# Fields that may change between the segments of one run without changing what is trained: where
-# things are, how they are logged and checkpointed, CPU threads, how many rollouts are kept, the
-# run's length (extending total_steps continues the same run), and the memory knobs a resume after
-# an out-of-memory crash needs: micro-batch size (the aggregation weights are computed on the whole
-# mini-batch, so micro-batching is exact up to summation order: tests/train/test_invariance.py),
-# activation checkpointing (recomputes the same forward: tests/train/test_fsdp.py), vLLM's
-# memory share and sleep mode, and the weight-push check (a diagnostic). Everything else changes the math.
-RESUME_MUTABLE: tuple[str, ...] = (
-    "model.path",
-    "dataset.path",
-    "threads",
-    "device",
-    "plugins",
-    "tracking",
-    "checkpoint",
-    "rollout.batch_size",
-    "rollout.save_rollouts",
-    "rollout.gpu_memory_utilization",
-    "rollout.enable_sleep_mode",
-    "rollout.check_weight_push",
-    "algorithm.total_steps",
-    "algorithm.micro_batch_size",
-    "distributed.activation_checkpointing",
-)
-
-
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        out: dict[str, Any] = {}
-        for k, v in data.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: data}
-
-
-def resume_mutable(key: str) -> bool:
-    """Whether the dotted ``key`` (``tracking.experiment``) is, or is under, a RESUME_MUTABLE field."""
-    return any(key == m or key.startswith(m + ".") for m in RESUME_MUTABLE)
-
-
-# MLflow's MAX_PARAM_VAL_LENGTH (mlflow 3.17): longer values are cut here, so resumes compare what it stored
-PARAM_VALUE_LIMIT = 6000
-
-
-def flat_config(cfg: TrainConfig | dict[str, Any]) -> dict[str, str]:
-    """``cfg`` (or its dump, config.resolved.yaml) as {dotted key: text} (``algorithm.lr: '1e-06'``) by key;
-    ``aggregation`` is the instance's name (what a search filters on); strings kept, other values as
-    JSON; every value cut to PARAM_VALUE_LIMIT."""
-    flat = _flatten(cfg if isinstance(cfg, dict) else cfg.model_dump(mode="json"))
-    flat["aggregation"] = flat.pop("aggregation.name")
-    text = {k: v if isinstance(v, str) else json.dumps(v) for k, v in flat.items()}
-    return {k: text[k][:PARAM_VALUE_LIMIT] for k in sorted(text)}
-
-
-def mlflow_fields(cfg: TrainConfig | dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
-    """(params, tags) of a cell's MLflow run: ``flat_config``, RESUME_MUTABLE fields as tags (a param never changes)."""
-    params = flat_config(cfg)
-    return params, {k: params.pop(k) for k in [k for k in params if resume_mutable(k)]}
-
-
-def resume_refused(where: str, diff: list[str], fix: str) -> ConfigError:
-    """The error of a resume under a changed config (``diff``: resume_conflicts' lines)."""
-    return ConfigError(
-        f"{where} was trained with a different config; resuming would mix two experiments in "
-        "one run. Changed fields:\n  " + "\n  ".join(diff) + f"\nFix: {fix} "
-        f"These may change on a resume: {', '.join(RESUME_MUTABLE)}."
-    )
-
-
-def resume_conflicts(previous: dict[str, Any], current: TrainConfig) -> list[str]:
-    """Dotted keys whose values differ between a run's stored resolved config and ``current``,
-    ignoring RESUME_MUTABLE. Resuming with any of them changed would splice two experiments into
-    one run (its metrics, checkpoints and MLflow run would mix both)."""
-    # fields added since the run started get their defaults; one removed since: compared as stored
-    with contextlib.suppress(ValidationError):
-        previous = TrainConfig.model_validate(previous).model_dump(mode="json")
-    old, new = _flatten(previous), _flatten(current.model_dump(mode="json"))
-    keys = sorted(k for k in set(old) | set(new) if not resume_mutable(k))
-    # json round trip: tuples stored by YAML as lists compare equal to the model's lists
-    return [
-        f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
-        for k in keys
-        if json.dumps(old.get(k), sort_keys=True) != json.dumps(new.get(k), sort_keys=True)
-    ]
-
-
-def check_resume(run_dir: str | Path, current: TrainConfig, *, allow_change: bool = False) -> None:
-    """Refuse to resume ``run_dir`` (which has a checkpoint) when its stored resolved config differs
-    from ``current`` in a field that changes training. Raises ConfigError naming each field and the fixes."""
-    stored = resolved_config_file(run_dir)
-    if allow_change or not stored.exists():
-        return
-    try:
-        previous = yaml.safe_load(stored.read_text(encoding="utf-8")) or {}
-        cause = "" if isinstance(previous, dict) else "not a mapping"
-    except yaml.YAMLError as exc:
-        cause = f"not valid YAML: {yaml_problem(exc)}"
-    except (OSError, UnicodeDecodeError) as exc:
-        cause = f"{type(exc).__name__}: {exc}"
-    if cause:
-        raise ConfigError(
-            f"{stored} is unreadable ({cause}); it records the config {run_dir} was trained with, "
-            "which a resume is checked against. Fix: if this run's config is unchanged, delete that "
-            "file (train writes it again) or pass --allow-config-change; otherwise train into a new --out"
-        )
-    diff = resume_conflicts(previous, current)
-    if diff:
-        fix = "restore those values, train into a new --out directory, or pass --allow-config-change "
-        raise resume_refused(str(run_dir), diff, fix + "to continue this run with the new values on purpose.")
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:

@@ -21,6 +21,7 @@ import yaml
 
 from aggbench.errors import InputError
 from aggbench.layout import RUNS, cell_id, experiment_file
+from aggbench.resources import resource_problems
 
 log = logging.getLogger(__name__)
 
@@ -147,68 +148,6 @@ def fill_defaults(exp: dict) -> dict:
     return exp
 
 
-# What a rule gets when neither `resources.<rule>` nor `models.<m>.resources.<rule>` sets a key
-# (grade's cpus: evaluation.workers). workflow/rules/common.smk and `aggbench plan` both resolve
-# resources through :func:`resource`.
-RESOURCE_FALLBACK = {"cpus": 1, "mem_mb": 4000, "runtime": 60, "gpus": 0}
-# The keys the workflow itself reads; every other key goes to the SLURM executor unchanged, so a
-# misspelling of one of these would silently leave its default in force.
-RESOURCE_KEYS = tuple(sorted(RESOURCE_FALLBACK))
-
-
-def resource(exp: dict, section: str, model: str | None, key: str) -> Any:
-    """A rule section's resource ``key``: model override > config > fallback (grade's cpus fall
-    back to ``evaluation.workers``)."""
-    value = exp["evaluation"].get("workers", 2) if (section, key) == ("grade", "cpus") else None
-    value = RESOURCE_FALLBACK.get(key) if value is None else value
-    value = (exp.get("resources") or {}).get(section, {}).get(key, value)
-    if model is not None:
-        value = ((exp["models"][model].get("resources") or {}).get(section) or {}).get(key, value)
-    return value
-
-
-# Near misses of them; `gpu` and `cpus_per_task` are also the executor's own names, which the
-# workflow sets from `gpus` and `cpus` (a config's value would be overwritten or skip threads:).
-RESOURCE_ALIASES = {
-    "cpu": "cpus",
-    "cpus_per_task": "cpus",
-    "cores": "cpus",
-    "threads": "cpus",
-    "gpu": "gpus",
-    "gpus_per_node": "gpus",
-    "mem": "mem_mb",
-    "memory": "mem_mb",
-    "mem_gb": "mem_mb",
-    "time": "runtime",
-    "walltime": "runtime",
-    "time_min": "runtime",
-}
-
-
-def _resource_problems(exp: dict) -> list[str]:
-    """``resources.<rule>.<key>`` (and per model) whose key is a near miss of a standard key."""
-
-    sections = [("resources", exp.get("resources") or {})]
-    for name, m in (exp.get("models") or {}).items():
-        sections.append((f"models.{name}.resources", (m or {}).get("resources") or {}))
-    out = []
-    for where, res in sections:
-        for rule, keys in res.items():
-            for key in keys if isinstance(keys, dict) else ():
-                if key in RESOURCE_KEYS:
-                    continue
-                want = RESOURCE_ALIASES.get(key) or next(
-                    iter(difflib.get_close_matches(key, RESOURCE_KEYS, n=1, cutoff=0.8)), None
-                )
-                if want:
-                    out.append(
-                        f"{where}.{rule}.{key}: did you mean {want!r}? The workflow reads "
-                        f"{', '.join(RESOURCE_KEYS)} (mem_mb in MB, runtime in minutes); other keys "
-                        "(slurm_partition, constraint, qos, ...) go to the SLURM executor unchanged"
-                    )
-    return out
-
-
 def selection(exp: dict) -> dict[str, str]:
     """{test benchmark: the benchmark its checkpoints are selected on} (``evaluation.selection``)."""
     return dict((exp.get("evaluation") or {}).get("selection") or {})
@@ -248,7 +187,7 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
     from aggbench.aggregation import load_plugins, resolve_instance
     from aggbench.data import load_benchmark_spec, load_training_spec
 
-    problems: list[str] = _resource_problems(exp)
+    problems: list[str] = resource_problems(exp)
     try:
         load_plugins(exp["plugins"], search_paths=[Path.cwd(), REPO_ROOT, *search_paths])
     except Exception as exc:
@@ -476,42 +415,3 @@ def job_counts(exp: dict) -> dict[str, int]:
         "generate_eval_seed": gen * extra,
         "grade_eval_seed": gen * n_bench * extra,
     }
-
-
-def requests_gpus(exp: dict, sections: tuple[str, ...] = ("train", "generate", "generate_base")) -> bool:
-    """Whether any model's job of these rule sections asks for a GPU (then the grid is meant for a
-    cluster); each model's value already falls back to the config's."""
-    return any(resource(exp, s, m, "gpus") for m in exp["models"] for s in sections)
-
-
-def readiness_warnings(exp: dict, *, cluster: bool, config: str = "CONFIG") -> list[str]:
-    """What is not wrong with a valid grid but will not work, or will cost a download, as it stands:
-    a null ``tracking_uri`` on a cluster (``cluster``: a cluster profile, or GPUs requested),
-    benchmarks without fetched data, models without a prepared directory. Each names the fix."""
-    import os
-
-    from aggbench import layout
-    from aggbench.data.fetch import unfetched
-
-    out, root = [], results_dir(exp)
-    if cluster and exp.get("tracking_uri") is None and not os.environ.get("MLFLOW_TRACKING_URI"):
-        out.append(
-            "tracking_uri is null, so every job would write one SQLite file, results/mlflow.db, on a "
-            "shared filesystem, whose locks are unsafe across nodes: start an MLflow server on the login "
-            "node and set tracking_uri: http://LOGIN-NODE:5000 (or export MLFLOW_TRACKING_URI); "
-            "docs/workflow.md, 'Running the paper grid on a SLURM cluster'"
-        )
-    data = layout.benchmark_data_dir(root)
-    missing = unfetched(exp["benchmarks"], data)
-    if missing:
-        out.append(
-            f"benchmarks {', '.join(missing)}: no fetched data under {data}; the DAG's local rule "
-            f"fetch_benchmarks fetches them on the login node, or now: aggbench data fetch --config {config}"
-        )
-    unprepared = [m for m in exp["models"] if not layout.model_dir(root, m).is_dir()]
-    if unprepared:
-        out.append(
-            f"models {', '.join(unprepared)}: no prepared directory under {layout.model_dir(root, '')}; "
-            "the DAG's local rule prepare_model downloads (or builds) each on the login node first"
-        )
-    return out

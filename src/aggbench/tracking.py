@@ -26,7 +26,7 @@ Run status (a run is never left RUNNING by a process that could still say how it
   FINISHED when its files hold the last step (and SCHEDULED if it created the run for a cell still
   being trained): a store rebuilt from the files holds no RUNNING run either.
 
-Parameters: a cell's run carries its resolved config as params (``config.flat_config``), logged
+Parameters: a cell's run carries its resolved config as params (``run_config.flat_config``), logged
 once; a resume compares them with the run's and refuses a different value (MLflow's params cannot
 change). The experiment carries ``mlflow.experimentKind``, so MLflow 3's UI opens on its runs.
 

@@ -157,8 +157,9 @@ def test_a_run_holding_a_discarded_attempt_is_rebuilt_from_the_files(tmp_path):
 def test_a_rebuilt_store_gives_cell_runs_their_params(tmp_path):
     """A cell's params come back from its config.resolved.yaml (the trainer's copy): the UI's
     filters work on a store rebuilt from the files too."""
-    from aggbench.config import dump_config, flat_config, resume_mutable
+    from aggbench.config import dump_config
     from aggbench.grid import cell_train_config
+    from aggbench.run_config import flat_config, resume_mutable
 
     config = rf.make_grid(tmp_path)
     exp = load_experiment(config)

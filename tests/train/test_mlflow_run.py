@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from aggbench.config import TrainConfig, flat_config, load_train_config, resume_mutable
+from aggbench.config import TrainConfig, load_train_config
 from aggbench.config_errors import ConfigError
+from aggbench.run_config import flat_config, resume_mutable
 from aggbench.train import loop
 from helpers import report_fixtures as rf
 from helpers.tiny_models import tiny_model_for_tests

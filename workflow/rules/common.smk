@@ -14,6 +14,8 @@ import yaml
 
 from aggbench import grid, layout
 from aggbench.evaluation.options import workflow_args
+from aggbench.resources import RESOURCE_FALLBACK
+from aggbench.resources import resource as resolve_resource
 
 R = str(grid.results_dir(config)).rstrip("/") or "."  # every output lives under here
 CELLS = {c.id: c for c in grid.cells(config)}
@@ -88,19 +90,19 @@ JOB_ENV = f"{ENV} export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFF
 
 
 # ---------------------------------------------------------------- resources
-# Resolved by aggbench.grid.resource (model override > config > grid.RESOURCE_FALLBACK; grade's
+# Resolved by aggbench.resources.resource (model override > config > RESOURCE_FALLBACK; grade's
 # cpus: evaluation.workers), the same function `aggbench plan` costs the grid with.
 # The base model's jobs use the resources of their run-side twins.
 RESOURCE_SECTION = {"generate_base": "generate", "grade_base": "grade"}
 
 
 def _resource_value(rule_name, model, key):
-    return grid.resource(config, RESOURCE_SECTION.get(rule_name, rule_name), model, key)
+    return resolve_resource(config, RESOURCE_SECTION.get(rule_name, rule_name), model, key)
 
 
 def _resource_keys(rule_name):
     section = RESOURCE_SECTION.get(rule_name, rule_name)
-    keys = set(grid.RESOURCE_FALLBACK) | set(config.get("resources", {}).get(section, {}))
+    keys = set(RESOURCE_FALLBACK) | set(config.get("resources", {}).get(section, {}))
     for m in MODELS:
         keys |= set((config["models"][m].get("resources") or {}).get(section, {}))
     return sorted(keys)

@@ -13,7 +13,8 @@ rule report:
         report_outputs(),
         directory(report_plots()),
         # update(): the store is ingest's to fill, never Snakemake's to delete (not before the job,
-        # not when it fails); declared so that a deleted store is rebuilt from the run files
+        # not when it fails, which the check in the command below makes sure of); declared so that
+        # a deleted store is rebuilt from the run files
         [update(f) for f in [local_store()] if f],
     log:
         f"{R}/logs/report.log",

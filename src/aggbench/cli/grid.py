@@ -36,8 +36,10 @@ def check(config: str, profile: str | None, fmt: str) -> None:
     Config faults are errors. Warnings (the grid still passes): a null tracking_uri on a cluster,
     benchmarks without fetched data, models without a prepared directory.
     """
-    from aggbench.grid import job_counts, readiness_warnings, requests_gpus
+    from aggbench.grid import job_counts
     from aggbench.plan.jobs import grid_jobs
+    from aggbench.plan.readiness import readiness_warnings
+    from aggbench.resources import requests_gpus
 
     try:
         exp = _load(config)

@@ -39,11 +39,10 @@ from aggbench.grid import (
     cells,
     checkpoint_steps,
     eval_steps,
-    requests_gpus,
-    resource,
 )
 from aggbench.plan import costmodel as cm
 from aggbench.plan.jobs import grid_jobs
+from aggbench.resources import requests_gpus, resource
 from aggbench.rollout.vllm import EVAL_GPU_MEMORY_UTILIZATION
 
 # Defaults of the `plan:` block, each with its source (printed under "assumed" when used).

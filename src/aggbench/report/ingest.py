@@ -190,13 +190,13 @@ def status_from_files(src: Source, rows: Sequence[dict[str, Any]], created: bool
 
 
 def log_cell_params(run: MlflowRun, run_dir: Path, have: Mapping[str, str] | None = None) -> int:
-    """Give a cell's run the params its trainer gives it (``config.mlflow_fields`` of the resolved
+    """Give a cell's run the params its trainer gives it (``run_config.mlflow_fields`` of the resolved
     config: params, and resume-mutable fields as tags) when the run lacks them: a store rebuilt from
     the run files, or a run this ingest created. Params the run already holds (``have``: its params,
     when the caller has them) are never sent again. Returns how many."""
     import yaml
 
-    from aggbench.config import mlflow_fields
+    from aggbench.run_config import mlflow_fields
 
     path = layout.resolved_config_file(run_dir)
     if not path.is_file():  # the trainer has not started this cell

@@ -46,17 +46,12 @@ import torch
 from aggbench import environment, layout
 from aggbench.aggregation import load_plugins, resolve_instance
 from aggbench.aggregation.advantages import get_advantage
-from aggbench.config import (
-    TrainConfig,
-    check_resume,
-    dump_config,
-    mlflow_fields,
-    resume_refused,
-)
+from aggbench.config import TrainConfig, dump_config
 from aggbench.data.training import read_training_records
 from aggbench.files import disk_full, write_atomic, written_file
 from aggbench.modeldir import loading, require_positions, require_weights
 from aggbench.provenance import record_tags, run_tags
+from aggbench.run_config import check_resume, mlflow_fields, resume_refused
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri
 from aggbench.train import batching, checkpoint, parallel, prompt_fit, step_log
 from aggbench.train.parallel import Ranks
@@ -119,7 +114,7 @@ def train(
     """Train ``cfg``'s cell into ``out_dir`` up to ``until_step`` (default: the end). Returns a summary.
 
     Under torchrun every rank calls this (design decision 7). A run directory is one experiment:
-    resuming it with a config that changes training is refused (``config.check_resume``).
+    resuming it with a config that changes training is refused (``run_config.check_resume``).
     """
     out, a = Path(out_dir), cfg.algorithm
     # bad input fails here, on every rank, before the run directory, its lock or a model exist

@@ -1,0 +1,77 @@
+"""A rule's resources (cpus, mem_mb, runtime, gpus): how a config's ``resources:`` and
+``models.<m>.resources:`` resolve, and the near misses of their keys that validation reports.
+
+workflow/rules/common.smk and ``aggbench plan`` both resolve resources through :func:`resource`, so
+the plan costs what the jobs request.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+# What a rule gets when neither `resources.<rule>` nor `models.<m>.resources.<rule>` sets a key
+# (grade's cpus: evaluation.workers).
+RESOURCE_FALLBACK = {"cpus": 1, "mem_mb": 4000, "runtime": 60, "gpus": 0}
+# The keys the workflow itself reads; every other key goes to the SLURM executor unchanged, so a
+# misspelling of one of these would silently leave its default in force.
+RESOURCE_KEYS = tuple(sorted(RESOURCE_FALLBACK))
+
+
+def resource(exp: dict, section: str, model: str | None, key: str) -> Any:
+    """A rule section's resource ``key``: model override > config > fallback (grade's cpus fall
+    back to ``evaluation.workers``)."""
+    value = exp["evaluation"].get("workers", 2) if (section, key) == ("grade", "cpus") else None
+    value = RESOURCE_FALLBACK.get(key) if value is None else value
+    value = (exp.get("resources") or {}).get(section, {}).get(key, value)
+    if model is not None:
+        value = ((exp["models"][model].get("resources") or {}).get(section) or {}).get(key, value)
+    return value
+
+
+# Near misses of them; `gpu` and `cpus_per_task` are also the executor's own names, which the
+# workflow sets from `gpus` and `cpus` (a config's value would be overwritten or skip threads:).
+RESOURCE_ALIASES = {
+    "cpu": "cpus",
+    "cpus_per_task": "cpus",
+    "cores": "cpus",
+    "threads": "cpus",
+    "gpu": "gpus",
+    "gpus_per_node": "gpus",
+    "mem": "mem_mb",
+    "memory": "mem_mb",
+    "mem_gb": "mem_mb",
+    "time": "runtime",
+    "walltime": "runtime",
+    "time_min": "runtime",
+}
+
+
+def resource_problems(exp: dict) -> list[str]:
+    """``resources.<rule>.<key>`` (and per model) whose key is a near miss of a standard key."""
+
+    sections = [("resources", exp.get("resources") or {})]
+    for name, m in (exp.get("models") or {}).items():
+        sections.append((f"models.{name}.resources", (m or {}).get("resources") or {}))
+    out = []
+    for where, res in sections:
+        for rule, keys in res.items():
+            for key in keys if isinstance(keys, dict) else ():
+                if key in RESOURCE_KEYS:
+                    continue
+                want = RESOURCE_ALIASES.get(key) or next(
+                    iter(difflib.get_close_matches(key, RESOURCE_KEYS, n=1, cutoff=0.8)), None
+                )
+                if want:
+                    out.append(
+                        f"{where}.{rule}.{key}: did you mean {want!r}? The workflow reads "
+                        f"{', '.join(RESOURCE_KEYS)} (mem_mb in MB, runtime in minutes); other keys "
+                        "(slurm_partition, constraint, qos, ...) go to the SLURM executor unchanged"
+                    )
+    return out
+
+
+def requests_gpus(exp: dict, sections: tuple[str, ...] = ("train", "generate", "generate_base")) -> bool:
+    """Whether any model's job of these rule sections asks for a GPU (then the grid is meant for a
+    cluster); each model's value already falls back to the config's."""
+    return any(resource(exp, s, m, "gpus") for m in exp["models"] for s in sections)
