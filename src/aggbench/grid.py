@@ -148,31 +148,86 @@ def fill_defaults(exp: dict) -> dict:
     return exp
 
 
-def selection(exp: dict) -> dict[str, str]:
-    """{test benchmark: the benchmark its checkpoints are selected on} (``evaluation.selection``)."""
+def selection(exp: dict) -> dict[str, str | dict[str, str]]:
+    """``evaluation.selection`` as written: {test benchmark: selection benchmark, or {dataset:
+    selection benchmark}} (empty: no "selected" table)."""
     return dict((exp.get("evaluation") or {}).get("selection") or {})
+
+
+def selection_for(exp: dict, dataset: str) -> dict[str, str]:
+    """{test benchmark: the benchmark the checkpoints of ``dataset``'s cells are selected on}: a
+    per-dataset entry resolves to ``dataset``'s (a held-out slice of the set those cells trained on)."""
+    out = {}
+    for test, sel in selection(exp).items():
+        chosen = sel.get(dataset) if isinstance(sel, dict) else sel
+        if chosen:
+            out[test] = chosen
+    return out
+
+
+def selection_benchmarks(exp: dict) -> set[str]:
+    """Every benchmark some test benchmark is selected on (none of them is a table column)."""
+    return {b for sel in selection(exp).values() for b in (sel.values() if isinstance(sel, dict) else [sel])}
 
 
 def test_benchmarks(exp: dict) -> list[str]:
     """The benchmarks the tables show as columns: all but the selection benchmarks."""
-    chosen_on = set(selection(exp).values())
+    chosen_on = selection_benchmarks(exp)
     return [b for b in exp["benchmarks"] if b not in chosen_on]
 
 
 def _selection_problems(exp: dict) -> list[str]:
     problems = []
-    listed = exp["benchmarks"]
-    for test, sel in selection(exp).items():
+    listed, datasets = exp["benchmarks"], list(exp.get("datasets") or {})
+    tests = set(selection(exp))
+    for test, given in selection(exp).items():
         where = f"evaluation.selection.{test}"
         if test not in listed:
             problems.append(f"{where}: {test!r} is not in benchmarks ({', '.join(listed)})")
-        if sel not in listed:
-            problems.append(f"{where}: the selection benchmark {sel!r} is not in benchmarks: add it there")
-        if sel == test or sel in selection(exp):
-            problems.append(
-                f"{where}: {sel!r} is a test benchmark; select on a held-out split (e.g. tiny_val)"
-            )
+        if isinstance(given, dict):
+            problems += [
+                f"{where}.{ds}: no dataset {ds!r} in this grid (datasets: {', '.join(datasets)})"
+                for ds in given
+                if ds not in datasets
+            ]
+            problems += [
+                f"{where}: no selection benchmark for dataset {ds!r}: add `{ds}: <benchmark>` (e.g. a "
+                f"holdout_of benchmark of its training set)"
+                for ds in datasets
+                if ds not in given
+            ]
+            pairs = [(f"{where}.{ds}", sel, [ds]) for ds, sel in given.items() if ds in datasets]
+        else:
+            pairs = [(where, given, datasets)]
+        for at, sel, for_datasets in pairs:
+            if sel not in listed:
+                problems.append(f"{at}: the selection benchmark {sel!r} is not in benchmarks: add it there")
+            if sel == test or sel in tests:
+                problems.append(
+                    f"{at}: {sel!r} is a test benchmark; select on a held-out split (e.g. tiny_val)"
+                )
+            problems += _holdout_problems(exp, at, sel, for_datasets)
     return problems
+
+
+def _holdout_problems(exp: dict, where: str, sel: str, datasets: list[str]) -> list[str]:
+    """A holdout benchmark selects only the cells of the training set it was held out of: for any
+    other set, its problems may be among those trained on."""
+    from aggbench.data import load_benchmark_spec, load_training_spec
+
+    try:
+        of = load_benchmark_spec(sel).holdout_of
+        owner = load_training_spec(of).name if of else None
+        trained = {ds: load_training_spec(exp["datasets"][ds]["spec"]).name for ds in datasets}
+    except Exception:  # a spec that does not load is reported where the specs are checked
+        return []
+    return [
+        f"{where}: {sel!r} is held out of the training set {owner!r}, but the cells of dataset {ds!r} "
+        f"train on {name!r}: select them on a holdout of their own set (per dataset: "
+        f"{{{ds}: <benchmark>}})"
+        for ds, name in trained.items()
+        if owner is not None and name != owner
+    ]
 
 
 def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> None:

@@ -37,13 +37,14 @@ def test_the_paper_config_passes_with_the_three_warnings_a_first_cluster_run_nee
     res = _check("--config", str(cfg))
     assert res.exit_code == 0, res.output
     lines = res.output.strip().splitlines()
-    assert lines[0] == f"{cfg}: 12 cells, 802 jobs (783 submitted, 19 local)"
+    assert lines[0] == f"{cfg}: 12 cells, 1096 jobs (1077 submitted, 19 local)"
     assert lines[-1] == f"OK: {cfg} is a valid grid (3 warnings above)"
     warnings = [line for line in lines if line.startswith("warning: ")]
     assert len(warnings) == 3
     assert "tracking_uri is null" in warnings[0] and "tracking_uri: http://LOGIN-NODE:5000" in warnings[0]
     assert warnings[1].startswith(
-        "warning: benchmarks math500, aime24, aime25, olympiadbench, minerva, livecodebench:"
+        "warning: benchmarks math500, aime24, aime25, olympiadbench, minerva, livecodebench, dapo17k_val, "
+        "polaris_val, livecodebench_val:"
     )
     assert f"aggbench data fetch --config {cfg}" in warnings[1]
     assert warnings[2].startswith("warning: models qwen2.5-math-7b, qwen3-1.7b: no prepared directory")

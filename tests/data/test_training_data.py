@@ -27,7 +27,10 @@ def _rows(path: Path) -> list[dict]:
 
 
 def _dapo_spec(**update):
-    return load_training_spec("dapo17k").model_copy(update={"offline_file": DAPO_EVAL, **update})
+    """The shipped spec on the AIME file in DAPO's schema; without its holdout (256 problems, more
+    than the file's 30: tests/data/test_holdout.py tests it) unless given."""
+    update = {"offline_file": DAPO_EVAL, "holdout": None, **update}
+    return load_training_spec("dapo17k").model_copy(update=update)
 
 
 def test_every_dataset_yaml_validates() -> None:
@@ -100,7 +103,7 @@ def test_dapo_conflicting_duplicate_warns_and_keeps_the_first(tmp_path: Path) ->
 
 
 def test_polaris_synthetic_fixture_loads(tmp_path: Path) -> None:
-    spec = load_training_spec("polaris")
+    spec = load_training_spec("polaris").model_copy(update={"holdout": None})  # 6 rows: no 256 to hold out
     target = tmp_path / spec.offline_file
     target.parent.mkdir(parents=True)
     shutil.copy(FIXTURE, target)
@@ -157,7 +160,7 @@ DAPO_PIN = "65877096c24ffa7abc4e4fa5edb95cf3413a5674"
 def test_dapo_from_the_hub_is_deduplicated(monkeypatch: pytest.MonkeyPatch) -> None:
     datasets = pytest.importorskip("datasets")
     monkeypatch.delenv("AGGBENCH_DATA_DIR", raising=False)
-    spec = load_training_spec("dapo17k")
+    spec = load_training_spec("dapo17k").model_copy(update={"holdout": None})  # 2 problems here
 
     def row(index: str, problem: str, answer: str) -> dict:
         return {

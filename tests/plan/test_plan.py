@@ -94,13 +94,13 @@ def test_paper_plan_jobs_equal_the_dry_run_dag(tmp_path):
     stats = job_stats(text)
     total = stats.pop("total")
     assert plan["jobs"]["rules"] == stats
-    assert plan["jobs"]["total"] == total == 802
+    assert plan["jobs"]["total"] == total == 1096
     blocks = job_blocks(text)
     assert len(blocks) == total
     # SLURM gets every job but the workflow's local rules and the target rule `all` (no action)
     local = declared_local_rules() | {"all"}
     assert set(LOCAL_RULES) == local
-    assert plan["jobs"]["slurm"] == sum(1 for j in blocks if j["rule"] not in local) == 783
+    assert plan["jobs"]["slurm"] == sum(1 for j in blocks if j["rule"] not in local) == 1077
     assert plan["jobs"]["local"] == sum(1 for j in blocks if j["rule"] in local)
     # the plan's GPUs and walltime per model are the ones the jobs request
     train = {j["wildcards"]["cell"].split("__")[0]: j["resources"] for j in blocks if j["rule"] == "train"}
@@ -111,7 +111,7 @@ def test_paper_plan_jobs_equal_the_dry_run_dag(tmp_path):
     # the readable table says the same
     table = CliRunner().invoke(main, ["plan", str(PAPER)])
     assert table.exit_code == 0, table.output
-    assert "SLURM jobs: 783" in table.output and "snakemake -n lists 802" in table.output
+    assert "SLURM jobs: 1077" in table.output and "snakemake -n lists 1096" in table.output
     for cell in plan["cells"]:
         assert cell["cell"] in table.output
 

@@ -115,3 +115,39 @@ def test_a_selection_that_is_not_held_out_is_refused():
     exp["evaluation"]["selection"] = {"tiny_test": "tiny_val"}
     assert grid._selection_problems(exp) == []
     grid.validate_experiment(exp)
+
+
+def test_each_dataset_is_selected_on_the_holdout_of_its_own_training_set():
+    """Per-dataset selection ({test: {dataset: benchmark}}, as configs/paper.yaml): the cells of
+    dataset a choose on val_a, those of b on val_b, even where the other split would pick another
+    step; neither split is a column."""
+    exp = {
+        "experiment": "sel2",
+        "models": {"tiny": {"source": "tiny"}},
+        "datasets": {"a": {"spec": "tiny"}, "b": {"spec": "tiny"}},
+        "aggregations": [{"name": "token"}],
+        "seeds": [0],
+        "benchmarks": ["tiny_test", "val_a", "val_b"],
+        "evaluation": {"selection": {"tiny_test": {"a": "val_a", "b": "val_b"}}},
+    }
+    curves = {  # val_a peaks at 8 in a and at 12 in b; val_b at 12 in a and at 4 in b
+        "a": {"val_a": (10, 90, 20), "val_b": (10, 20, 90), "tiny_test": (30, 40, 50)},
+        "b": {"val_a": (10, 20, 90), "val_b": (90, 20, 10), "tiny_test": (35, 45, 55)},
+    }
+    cells = []
+    for dataset, by_bench in curves.items():
+        cell = grid.Cell(f"tiny__{dataset}__token__s0", "tiny", dataset, "token", 0)
+        evals = {b: dict(zip(STEPS, map(float, v), strict=True)) for b, v in by_bench.items()}
+        data = CellData(cell, "run", True, 12, list(STEPS), evals=evals)
+        data.train = {SENTINEL: {12: 1.0}}
+        cells.append(data)
+    keys = {b: f"eval/{b}/avg@4" for b in exp["benchmarks"]}
+    col = Collected(exp, "avg@4", list(exp["benchmarks"]), keys, cells, {}, False)
+    by_dataset = {t.dataset: t for t in build_tables(col)["selected"]}
+    assert set(by_dataset) == {"a", "b"}
+    for dataset, step, value, split in (("a", 8, 40.0, "val_a"), ("b", 4, 35.0, "val_b")):
+        table = by_dataset[dataset]
+        assert table.columns == ["tiny_test", "average", "drop"]
+        token = _row(table, "token")
+        assert token.steps_text == f"s0@{step}" and token.entries["tiny_test"].mean == pytest.approx(value)
+        assert f"tiny_test on {split}" in " ".join(table.about)

@@ -14,9 +14,9 @@ def test_paper_grid_dry_run_lists_exactly_the_expected_jobs(wf, tmp_path):
     counts = wf.job_counts(proc.stdout)
 
     # By hand: 2 models x 2 datasets x 3 rules x 1 seed = 12 cells. Checkpoints every 25 of 200 steps
-    # = 8 train segments per cell; evaluation every 25 steps = steps 25..200 = 8 per cell; six
-    # benchmarks graded per evaluated checkpoint; the base model sampled once per model (2) and
-    # graded on 6 benchmarks each (12).
+    # = 8 train segments per cell; evaluation every 25 steps = steps 25..200 = 8 per cell; nine
+    # benchmarks graded per evaluated checkpoint (the six test benchmarks and the three selection
+    # splits); the base model sampled once per model (2) and graded on 9 benchmarks each (18).
     cells = 2 * 2 * 3 * 1
     expected = {
         "prepare_model": 2,
@@ -26,13 +26,13 @@ def test_paper_grid_dry_run_lists_exactly_the_expected_jobs(wf, tmp_path):
         "cell_config": cells,
         "train": cells * (200 // 25),
         "generate": cells * 8,
-        "grade": cells * 8 * 6,
+        "grade": cells * 8 * 9,
         "generate_base": 2,
-        "grade_base": 2 * 6,
+        "grade_base": 2 * 9,
         "report": 1,
         "all": 1,
     }
-    assert expected["train"] == 96 and expected["generate"] == 96 and expected["grade"] == 576
+    assert expected["train"] == 96 and expected["generate"] == 96 and expected["grade"] == 864
     assert counts == expected, proc.stdout[-3000:]
 
     # ... and the same numbers as the grid module, which `aggbench grid check` prints
@@ -108,7 +108,7 @@ def test_paper_commands_carry_the_model_overrides_and_stop_tokens(wf, tmp_path):
     # item 4(b): every generate job also decodes greedily, and every grade job scores both protocols
     assert all(ln.count("--greedy") == 1 for ln in generate)
     grade = [ln for ln in lines if "aggbench score" in ln]
-    assert len(grade) == 96 * 6 + 2 * 6
+    assert len(grade) == 96 * 9 + 2 * 9
     for ln in grade:
         assert ln.count("aggbench score") == 1 and ln.count("/greedy/") == 2, ln
         assert "--greedy-samples" in ln and "--greedy-out" in ln, ln

@@ -126,6 +126,11 @@ def prepare_data_command(spec: str, out: str, limit: int | None, fit_to: str | N
         report = data_filter_file(out)
         write_report(report, fit, dataset=s.name, fit_to=fit_to, tokenizer=str(cell.model.path))
         click.echo(f"{s.name}: {fit.summary()} (listed in {report})")
+    if s.holdout is not None:
+        click.echo(
+            f"{s.name}: {s.holdout.n} problems held out of training (holdout, seed {s.holdout.seed}): a "
+            f"benchmark with holdout_of: {s.name} evaluates them"
+        )
     click.echo(f"{s.name}: {n} records -> {out}")
 
 

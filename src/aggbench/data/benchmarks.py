@@ -16,7 +16,8 @@ otherwise ``datasets.load_dataset(hub.id, revision=hub.revision, split=hub.split
 MBPP+ (``evalplus:`` source, optional) load through evalplus's loaders instead
 (:mod:`aggbench.data.evalplus_source`; offline: ``HUMANEVAL_OVERRIDE_PATH`` / ``MBPP_OVERRIDE_PATH``).
 The shared machinery is in :mod:`aggbench.data.sources` (strict models, config lookup) and
-:mod:`aggbench.data.rows` (row sources).
+:mod:`aggbench.data.rows` (row sources). ``holdout_of: <training dataset>`` is a selection split: the
+problems that training set's ``holdout:`` keeps out of training (:func:`aggbench.data.training.load_holdout`).
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class BenchmarkSpec(DataSpec):
     offline_join: OfflineJoin | None = None
     offline_public_tests_only: bool = False
     evalplus: EvalPlusSource | None = None  # HumanEval+/MBPP+ through evalplus's own loaders
+    holdout_of: str | None = None  # a training dataset's held-out problems (its `holdout:`), for selection
     optional: bool = False  # not in the paper's default list (configs/paper.yaml); extra dependencies
     answer_from: Literal["field", "boxed_in_solution"] = "field"
     date_window: DateWindow | None = None
@@ -112,8 +114,16 @@ class BenchmarkSpec(DataSpec):
             if self.hub or self.url or self.offline_file or self.builtin:
                 raise ValueError("evalplus excludes hub, url, offline_file and builtin")
             self.fields = self.fields or FieldMap(id="task_id", prompt="prompt")
+        if self.holdout_of is not None:
+            if self.hub or self.url or self.offline_file or self.builtin or self.evalplus or self.fields:
+                raise ValueError(
+                    "holdout_of reads its training dataset's own source and fields: it excludes hub, url, "
+                    "offline_file, builtin, evalplus and fields"
+                )
+            self.fields = FieldMap(id="id", prompt="prompt", answer="answer")  # the canonical records
         maps = self._check_sources(
-            "hub, url, offline_file, builtin or evalplus", other_source=self.evalplus is not None
+            "hub, url, offline_file, builtin, evalplus or holdout_of",
+            other_source=self.evalplus is not None or self.holdout_of is not None,
         )
         for label, fields in maps:
             _check_fields(label, fields, self.grader.name, self.answer_from)
@@ -208,8 +218,8 @@ def load_benchmark(
 
         rows, source = read_fetched(spec, fetched)
         records: Iterable[dict[str, Any]] = iter(rows)
-    elif spec.evalplus is not None:
-        records, source = iter_records(spec)
+    elif spec.evalplus is not None or spec.holdout_of is not None:
+        records, source = iter_records(spec, data_dir)
     else:  # open_rows called here, so its warnings point at this function's caller
         opened = spec.open_rows(resolve_data_dir(data_dir), join=spec.offline_join)
         records, source = _canonical(spec, opened), opened.source
@@ -232,6 +242,12 @@ def iter_records(
         from aggbench.data.evalplus_source import load_records
 
         return load_records(spec.evalplus, name=spec.name)
+    if spec.holdout_of is not None:
+        from aggbench.data.training import load_holdout
+
+        held, source = load_holdout(spec.holdout_of, data_dir=data_dir)
+        keep = ("id", "prompt", "answer", "meta")
+        return [{k: r[k] for k in keep if k in r} for r in held], source
     opened = spec.open_rows(resolve_data_dir(data_dir), join=spec.offline_join)
     return _canonical(spec, opened), opened.source
 

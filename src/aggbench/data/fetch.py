@@ -61,10 +61,21 @@ def lock_file(root: str | Path) -> Path:
     return Path(root) / LOCK_NAME
 
 
+# A holdout benchmark's records are decided by its training dataset's spec: these fields of it.
+_HOLDOUT_FIELDS = (*_DATA_FIELDS, "strip_instruction", "instruction_template", "dedupe", "holdout")
+
+
 def data_key(spec: Any) -> str:
-    """sha256 of the spec fields that decide the records (:data:`_DATA_FIELDS`), 16 hex digits."""
+    """sha256 of the spec fields that decide the records (:data:`_DATA_FIELDS`; for ``holdout_of``,
+    also its training dataset's, so a changed holdout needs a new fetch), 16 hex digits."""
     dumped = spec.model_dump(mode="json")
-    payload = json.dumps({k: dumped.get(k) for k in _DATA_FIELDS}, sort_keys=True)
+    fields = {k: dumped.get(k) for k in _DATA_FIELDS}
+    if getattr(spec, "holdout_of", None):
+        from aggbench.data.training import load_training_spec
+
+        of = load_training_spec(spec.holdout_of).model_dump(mode="json")
+        fields["holdout_of"] = {k: of.get(k) for k in _HOLDOUT_FIELDS}
+    payload = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

@@ -150,6 +150,13 @@ def benchmark_workload(exp: dict, plan: dict) -> list[dict[str, Any]]:
             problems, source = int(plan["benchmarks"][b]), "plan.benchmarks"
         elif spec.builtin is not None:
             problems, source = spec.builtin.n_test, "built-in task"
+        elif spec.holdout_of is not None:  # a training set's held-out problems: its holdout.n
+            from aggbench.data import load_training_spec
+
+            held = load_training_spec(spec.holdout_of).holdout
+            if held is None:
+                raise GridError(f"benchmarks: {b!r} is holdout_of {spec.holdout_of!r}, which has no holdout")
+            problems, source = held.n, f"holdout.n of dataset {spec.holdout_of}"
         elif root is not None and spec.offline_file and (root / spec.offline_file).is_file():
             path = root / spec.offline_file
             problems = sum(1 for line in path.read_text().splitlines() if line.strip())

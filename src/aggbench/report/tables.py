@@ -346,14 +346,15 @@ def build_tables(
     """
     check_reported(col.exp)
     bad = set(mismatched)
-    chosen_on = grid.selection(col.exp)
+    selecting = bool(grid.selection(col.exp))
     benches = [b for b in col.benchmarks if b in grid.test_benchmarks(col.exp)]  # the columns
     columns = [*benches, AVERAGE, DROP]
     out: dict[str, list[Table]] = {"peak": [], "last": []}
-    definitions = [*DEFINITIONS] if chosen_on else [d for d in DEFINITIONS if d != "selected"]
-    if chosen_on:
+    definitions = [*DEFINITIONS] if selecting else [d for d in DEFINITIONS if d != "selected"]
+    if selecting:
         out["selected"] = []
     for model, dataset in col.blocks():
+        chosen_on = grid.selection_for(col.exp, dataset)  # per dataset: a holdout of its own set
         groups = col.rule_cells(model, dataset)
         notes, flagged = [], set()
         for rule, seeds in groups.items():

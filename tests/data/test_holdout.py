@@ -1,0 +1,235 @@
+"""Selection splits held out of training (issue 27, item 3, the paper's half): a training spec's
+``holdout: {n, seed}`` keeps n distinct problems out of training, and a benchmark with
+``holdout_of`` evaluates exactly them, so the "selected" table chooses checkpoints on problems no
+cell trained on and no table shows.
+
+Real data: the shipped dapo17k spec on ../shared/data's AIME-2024 file in DAPO's schema (30 problems
+x 32 repeats). Generated data: a small offline set with repeated problems, for what a repeat must do.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from aggbench.data import SpecError, load_benchmark, load_benchmark_spec, load_training_spec
+from aggbench.data.fetch import FetchedDataError, fetch_benchmarks, read_fetched
+from aggbench.data.training import Holdout, load_holdout, load_training_dataset
+
+DAPO_EVAL = "train/dapo17k/dapo_repo_eval_aime-2024_dapo_format.jsonl"
+MATH_TESTS = ["math500", "aime24", "aime25", "olympiadbench", "minerva"]
+BOXED = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+
+def _write_specs(root: Path, *, n: int = 3, seed: int = 0, rows: list[dict] | None = None) -> Path:
+    """A training spec `toy` (offline file, holdout n/seed) and a benchmark `toy_val` holding it out,
+    under root/datasets and root/benchmarks; the data under root/data."""
+    (root / "datasets").mkdir(exist_ok=True)
+    (root / "benchmarks").mkdir(exist_ok=True)
+    (root / "data").mkdir(exist_ok=True)
+    spec = {
+        "name": "toy",
+        "version": 1,
+        "offline_file": "toy.jsonl",
+        "fields": {"id": "uid", "prompt": "problem", "answer": "answer"},
+        "grader": {"name": "math"},
+        "holdout": {"n": n, "seed": seed},
+    }
+    (root / "datasets" / "toy.yaml").write_text(yaml.safe_dump(spec))
+    bench = {
+        "name": "toy_val",
+        "version": 1,
+        "holdout_of": "toy",
+        "prompt_template": BOXED,
+        "grader": {"name": "math"},
+        "sampling": {"n": 4, "temperature": 0.6, "top_p": 0.95, "max_tokens": 512},
+        "metrics": ["avg@4"],
+    }
+    (root / "benchmarks" / "toy_val.yaml").write_text(yaml.safe_dump(bench))
+    if rows is not None:
+        (root / "data" / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def _toy_rows() -> list[dict]:
+    """20 problems; problem 5 appears three times (as Polaris, published without de-duplication)."""
+    rows = [{"uid": f"u{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(20)]
+    rows += [{"uid": f"u5-again-{k}", "problem": "What is 5 + 5?", "answer": "10"} for k in range(2)]
+    return rows
+
+
+@pytest.fixture
+def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = _write_specs(tmp_path, rows=_toy_rows())
+    monkeypatch.setenv("AGGBENCH_DATASET_DIR", str(root / "datasets"))
+    monkeypatch.setenv("AGGBENCH_BENCHMARK_DIR", str(root / "benchmarks"))
+    monkeypatch.setenv("AGGBENCH_DATA_DIR", str(root / "data"))
+    return root
+
+
+def test_the_holdout_leaves_training_and_is_exactly_the_selection_benchmark(toy: Path) -> None:
+    spec = load_training_spec("toy")
+    rows = _toy_rows()
+    train = load_training_dataset(spec)
+    held, source = load_holdout(spec)
+    held_texts = {r["prompt"] for r in held}
+    assert len(held) == len(held_texts) == 3  # n distinct problems
+    assert {r["prompt"] for r in train}.isdisjoint(held_texts)  # none of them is trained on
+    # every row is in exactly one part: the training rows are all the others, repeats included
+    assert len(train) == sum(r["problem"] not in held_texts for r in rows)
+    assert {r["prompt"] for r in train} | held_texts == {r["problem"] for r in rows}
+    assert "holdout of toy (n=3, seed=0)" in source and "toy.jsonl" in source
+    # the benchmark evaluates exactly the held-out problems, with their answers, asked with \boxed
+    bench = load_benchmark("toy_val")
+    assert [r["prompt"] for r in bench] == [r["prompt"] for r in held]
+    answers = {r["problem"]: r["answer"] for r in rows}
+    assert all(r["answer"] == answers[r["prompt"]] for r in bench)
+    assert bench.spec.render_prompt(bench[0]).endswith("put your final answer within \\boxed{}.")
+    assert bench.spec.render_prompt(bench[0]).startswith(bench[0]["prompt"])
+
+
+def test_a_repeated_problem_is_held_out_with_all_its_rows(tmp_path: Path, monkeypatch) -> None:
+    # find a seed whose holdout contains the repeated problem, then check none of its 3 rows trains
+    root = _write_specs(tmp_path, rows=_toy_rows())
+    monkeypatch.setenv("AGGBENCH_DATA_DIR", str(root / "data"))
+    repeated = "What is 5 + 5?"
+    for seed in range(50):
+        _write_specs(root, seed=seed)
+        spec = load_training_spec(root / "datasets" / "toy.yaml")
+        held, _ = load_holdout(spec)
+        if repeated in {r["prompt"] for r in held}:
+            break
+    else:
+        pytest.fail("no seed in 0..49 held out the repeated problem")
+    train = load_training_dataset(spec)
+    assert repeated not in {r["prompt"] for r in train}
+    assert len(train) == 22 - 3 - 2  # 22 rows: the 3 held-out problems and the 2 repeats leave
+    assert [r["prompt"] for r in held].count(repeated) == 1  # one benchmark record per problem
+
+
+def test_the_split_depends_on_the_problems_and_the_seed_not_on_the_row_order(toy: Path) -> None:
+    spec = load_training_spec("toy")
+    first = [r["prompt"] for r in load_holdout(spec)[0]]
+    shuffled = _toy_rows()
+    random.Random(1).shuffle(shuffled)
+    (toy / "data" / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in shuffled))
+    assert [r["prompt"] for r in load_holdout(spec)[0]] == first
+    others = {tuple(r["prompt"] for r in load_holdout(spec.model_copy(update={"holdout": h}))[0])
+              for h in (spec.holdout.model_copy(update={"seed": s}) for s in (1, 2, 3))}  # fmt: skip
+    assert any(set(o) != set(first) for o in others)  # the seed chooses another split
+    # a limit cuts the training rows after the split: the holdout never changes with it
+    limited = load_training_dataset(spec, limit=4)
+    assert len(limited) == 4 and {r["prompt"] for r in limited}.isdisjoint(first)
+
+
+def test_holdout_errors_name_the_field_and_the_fix(toy: Path) -> None:
+    too_many = load_training_spec("toy").model_copy(update={"holdout": Holdout(n=20)})  # 20 distinct
+    with pytest.raises(SpecError, match=r"holdout.n=20 would leave no problem to train on \(20 distinct"):
+        load_training_dataset(too_many)
+    bare = load_training_spec("toy").model_copy(update={"holdout": None})
+    with pytest.raises(SpecError, match=r"has no holdout: add `holdout: \{n: N, seed: 0\}`"):
+        load_holdout(bare)
+    with pytest.raises(SpecError, match="holdout_of reads its training dataset's own source"):
+        load_benchmark_spec(_with(toy, "toy_val", offline_file="x.jsonl"))
+    with pytest.raises(SpecError, match="Input should be greater than or equal to 1"):
+        load_training_spec(_with(toy / "datasets", "toy", holdout={"n": 0}, subdir=""))
+
+
+def _with(root: Path, name: str, subdir: str = "benchmarks", **update) -> Path:
+    """A copy of root/subdir/name.yaml with ``update`` applied, in a sibling folder."""
+    folder = root / subdir if subdir else root
+    data = {**yaml.safe_load((folder / f"{name}.yaml").read_text()), **update}
+    out = root.parent / f"changed-{name}"
+    out.mkdir(exist_ok=True)
+    (out / f"{name}.yaml").write_text(yaml.safe_dump(data))
+    return out / f"{name}.yaml"
+
+
+def test_a_fetched_holdout_is_refused_once_the_training_spec_changes_its_holdout(toy: Path) -> None:
+    root = toy / "fetched"
+    lock = fetch_benchmarks(["toy_val"], root, echo=lambda _: None)
+    assert lock["toy_val"]["records"] == 3 and lock["toy_val"]["source"].startswith("holdout of toy")
+    rows, _ = read_fetched(load_benchmark_spec("toy_val"), root)
+    assert [r["prompt"] for r in rows] == [r["prompt"] for r in load_benchmark("toy_val")]
+    _write_specs(toy, seed=7)  # another split: the copy no longer holds the held-out problems
+    with pytest.raises(FetchedDataError, match="toy_val"):
+        read_fetched(load_benchmark_spec("toy_val"), root)
+
+
+def test_the_shipped_dapo17k_holdout_on_real_rows(shared_data: Path) -> None:
+    """The shipped spec's rule on the AIME-2024 file in DAPO's schema (30 problems x 32 rows), with
+    n lowered to 5 (the shipped 256 is for the 17,398 problems of the real set)."""
+    shipped = load_training_spec("dapo17k")
+    assert shipped.holdout is not None and (shipped.holdout.n, shipped.holdout.seed) == (256, 0)
+    spec = shipped.model_copy(
+        update={"offline_file": DAPO_EVAL, "holdout": shipped.holdout.model_copy(update={"n": 5})}
+    )
+    train = load_training_dataset(spec, data_dir=shared_data)
+    held, _ = load_holdout(spec, data_dir=shared_data)
+    assert len(train) == 25 and len(held) == 5  # de-duplicated: one row per problem
+    assert {r["prompt"] for r in train}.isdisjoint({r["prompt"] for r in held})
+    raw = [json.loads(x) for x in (shared_data / DAPO_EVAL).read_text().splitlines() if x.strip()]
+    truth = {r["extra_info"]["raw_problem"]: r["reward_model"]["ground_truth"] for r in raw}
+    assert all(truth[r["prompt"]] == r["answer"] for r in held)  # raw problem, the recipe's answer
+    assert all("Solve the following math problem" not in r["prompt"] for r in held)
+
+
+def test_the_paper_selects_each_dataset_on_its_own_holdout() -> None:
+    """configs/paper.yaml: math test benchmarks are selected per training set on that set's held-out
+    problems, LiveCodeBench on its earlier window; none of the three is a table column."""
+    from aggbench import grid
+
+    exp = grid.load_experiment(grid.REPO_ROOT / "configs" / "paper.yaml")
+    assert grid._selection_problems(exp) == []
+    assert grid.test_benchmarks(exp) == [*MATH_TESTS, "livecodebench"]
+    for dataset in ("dapo17k", "polaris"):
+        chosen = grid.selection_for(exp, dataset)
+        assert set(chosen) == set(grid.test_benchmarks(exp))
+        assert {chosen[b] for b in MATH_TESTS} == {f"{dataset}_val"}
+        assert load_benchmark_spec(f"{dataset}_val").holdout_of == dataset
+        assert chosen["livecodebench"] == "livecodebench_val"
+    val, test = load_benchmark_spec("livecodebench_val"), load_benchmark_spec("livecodebench")
+    assert val.date_window.end == test.date_window.start  # the three months before, no overlap
+    assert val.prompt_template == test.prompt_template and val.hub.revision == test.hub.revision
+
+
+@pytest.mark.parametrize(
+    ("selection", "message"),
+    [
+        ({"math500": "dapo17k_val"}, "'dapo17k_val' is held out of the training set 'dapo17k', but the cells of dataset 'polaris'"),
+        ({"math500": {"dapo17k": "polaris_val", "polaris": "polaris_val"}}, "the cells of dataset 'dapo17k' train on 'dapo17k'"),
+        ({"math500": {"dapo17k": "dapo17k_val"}}, "no selection benchmark for dataset 'polaris'"),
+        ({"math500": {"dapo17k": "dapo17k_val", "polaris": "polaris_val", "gsm8k": "x"}}, "evaluation.selection.math500.gsm8k: no dataset 'gsm8k'"),
+        ({"math500": {"dapo17k": "dapo17k_val", "polaris": "aime24"}, "aime24": "livecodebench_val"},
+         "evaluation.selection.math500.polaris: 'aime24' is a test benchmark"),
+    ],
+)  # fmt: skip
+def test_a_selection_that_could_have_been_trained_on_is_refused(selection: dict, message: str) -> None:
+    from aggbench import grid
+    from aggbench.errors import InputError
+
+    exp = grid.load_experiment(grid.REPO_ROOT / "configs" / "paper.yaml")
+    exp["evaluation"]["selection"] = selection
+    found = grid._selection_problems(exp)
+    assert any(message in p for p in found), found
+    with pytest.raises(InputError, match="evaluation.selection"):
+        grid.validate_experiment(exp)
+
+
+def test_prepare_data_writes_the_training_rows_without_the_holdout(toy: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from aggbench.cli import main
+
+    out = tmp_path / "toy_train.jsonl"
+    res = CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "toy: 3 problems held out of training (holdout, seed 0)" in res.output
+    written = [json.loads(x) for x in out.read_text().splitlines()]
+    held = {r["prompt"] for r in load_holdout(load_training_spec("toy"))[0]}
+    assert len(written) == len(load_training_dataset("toy")) and written
+    assert not any(r["prompt"] in held for r in written)  # the toy spec's template is {prompt}
