@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from aggbench.errors import InputError
-from aggbench.layout import RUNS, cell_id, experiment_file
+from aggbench.layout import RUNS, cell_id, data_file, experiment_file
 from aggbench.resources import resource_problems
 
 log = logging.getLogger(__name__)
@@ -241,6 +241,7 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
     fill_defaults(exp)
     from aggbench.aggregation import load_plugins, resolve_instance
     from aggbench.data import load_benchmark_spec, load_training_spec
+    from aggbench.data.training import stale_holdout
 
     problems: list[str] = resource_problems(exp)
     try:
@@ -264,7 +265,8 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
     problems += _selection_problems(exp)
     for name, ds in exp["datasets"].items():
         try:
-            load_training_spec(ds["spec"])
+            stale = stale_holdout(data_file(results_dir(exp), name), load_training_spec(ds["spec"]))
+            problems += [f"datasets.{name}: {stale}"] if stale else []
         except Exception as exc:
             problems.append(f"datasets.{name}.spec: {exc}")
         problems += _random_reward_problems(name, ds)

@@ -178,12 +178,13 @@ def test_the_shipped_dapo17k_holdout_on_real_rows(shared_data: Path) -> None:
     assert all("Solve the following math problem" not in r["prompt"] for r in held)
 
 
-def test_the_paper_selects_each_dataset_on_its_own_holdout() -> None:
+def test_the_paper_selects_each_dataset_on_its_own_holdout(tmp_path: Path) -> None:
     """configs/paper.yaml: math test benchmarks are selected per training set on that set's held-out
     problems, LiveCodeBench on its earlier window; none of the three is a table column."""
     from aggbench import grid
 
     exp = grid.load_experiment(grid.REPO_ROOT / "configs" / "paper.yaml")
+    exp["results_dir"] = str(tmp_path / "results")  # never the checkout's results/
     assert grid._selection_problems(exp) == []
     assert grid.test_benchmarks(exp) == [*MATH_TESTS, "livecodebench"]
     for dataset in ("dapo17k", "polaris"):
@@ -208,11 +209,14 @@ def test_the_paper_selects_each_dataset_on_its_own_holdout() -> None:
          "evaluation.selection.math500.polaris: 'aime24' is a test benchmark"),
     ],
 )  # fmt: skip
-def test_a_selection_that_could_have_been_trained_on_is_refused(selection: dict, message: str) -> None:
+def test_a_selection_that_could_have_been_trained_on_is_refused(
+    selection: dict, message: str, tmp_path
+) -> None:
     from aggbench import grid
     from aggbench.errors import InputError
 
     exp = grid.load_experiment(grid.REPO_ROOT / "configs" / "paper.yaml")
+    exp["results_dir"] = str(tmp_path / "results")  # never the checkout's results/
     exp["evaluation"]["selection"] = selection
     found = grid._selection_problems(exp)
     assert any(message in p for p in found), found
@@ -233,3 +237,37 @@ def test_prepare_data_writes_the_training_rows_without_the_holdout(toy: Path, tm
     held = {r["prompt"] for r in load_holdout(load_training_spec("toy"))[0]}
     assert len(written) == len(load_training_dataset("toy")) and written
     assert not any(r["prompt"] in held for r in written)  # the toy spec's template is {prompt}
+
+
+def test_a_training_file_prepared_before_its_holdout_stops_the_grid(toy: Path, tmp_path: Path) -> None:
+    """An existing results directory whose training file was prepared before the spec held problems
+    out would train on the selection split: the config check (the Snakefile's, before any job)
+    refuses it until the file is prepared again."""
+    from click.testing import CliRunner
+
+    from aggbench import grid
+    from aggbench.cli import main
+    from aggbench.data.training import holdout_record_file
+    from aggbench.layout import data_file
+
+    exp = grid.load_experiment(grid.REPO_ROOT / "configs" / "smoke.yaml")
+    exp["results_dir"] = str(tmp_path / "results")
+    exp["datasets"] = {"toy": {"spec": "toy"}}
+    grid.validate_experiment(exp)  # nothing prepared yet: nothing to compare
+    prepared = data_file(exp["results_dir"], "toy")
+    prepared.parent.mkdir(parents=True)
+    prepared.write_text(
+        "".join(json.dumps({"prompt": r["problem"], "answer": r["answer"]}) + "\n" for r in _toy_rows())
+    )
+    with pytest.raises(
+        grid.GridError, match=r"datasets.toy: .*toy.jsonl was prepared with holdout unknown"
+    ) as err:
+        grid.validate_experiment(exp)
+    assert "Delete" in str(err.value) and "retrain them" in str(err.value)
+    res = CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(prepared)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(holdout_record_file(prepared).read_text())["holdout"] == {"n": 3, "seed": 0}
+    grid.validate_experiment(exp)  # prepared with this holdout: accepted
+    _write_specs(toy, seed=1)  # the spec now holds out other problems than the file left out
+    with pytest.raises(grid.GridError, match=r"prepared with holdout \{'n': 3, 'seed': 0\}"):
+        grid.validate_experiment(exp)

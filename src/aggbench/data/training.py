@@ -163,6 +163,40 @@ def load_holdout(
     return [first[text] for text in order], source
 
 
+def holdout_record_file(data: str | Path) -> Path:
+    """Beside a prepared training file: the holdout it was written without (``prepare-data``)."""
+    return Path(data).with_suffix(".holdout.json")
+
+
+def write_holdout_record(out: str | Path, spec: TrainingDatasetSpec) -> None:
+    """Beside a prepared training file: the spec and holdout it was written with (``prepare-data``)."""
+    from aggbench.files import write_atomic
+
+    held = spec.holdout.model_dump() if spec.holdout is not None else None
+    record = {"dataset": spec.name, "version": spec.version, "holdout": held}
+    write_atomic(holdout_record_file(out), json.dumps(record) + "\n")
+
+
+def stale_holdout(out: str | Path, spec: TrainingDatasetSpec) -> str | None:
+    """Why the prepared training file ``out`` may hold problems ``spec`` holds out (None: it does
+    not, or there is no file yet): it was written before the spec had this holdout."""
+    if spec.holdout is None or not Path(out).is_file():
+        return None
+    record = holdout_record_file(out)
+    try:
+        written = json.loads(record.read_text(encoding="utf-8")).get("holdout")
+    except (OSError, ValueError, AttributeError):
+        written = "unknown"  # no record: prepared by a version without holdouts
+    if written == spec.holdout.model_dump():
+        return None
+    return (
+        f"{out} was prepared with holdout {written} (from {record.name}; missing: before holdouts "
+        f"existed), but {spec.name} now holds out {spec.holdout.model_dump()}: it may train on the "
+        f"selection split's problems. Delete {out} so prepare_data writes it again; runs already "
+        "trained on it saw those problems (retrain them, or leave evaluation.selection out)"
+    )
+
+
 def _rank(seed: int, text: str) -> tuple[str, str]:
     return hashlib.sha256(f"{seed}\n{text}".encode()).hexdigest(), text
 
@@ -248,7 +282,10 @@ __all__ = [
     "load_holdout",
     "load_training_dataset",
     "load_training_spec",
+    "holdout_record_file",
     "split_holdout",
+    "stale_holdout",
+    "write_holdout_record",
 ]
 
 
