@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from aggbench.errors import InputError
-from aggbench.layout import RUNS, cell_id, data_file, experiment_file
+from aggbench.layout import RUNS, benchmark_data_dir, cell_id, data_file, experiment_file
 from aggbench.resources import resource_problems
 
 log = logging.getLogger(__name__)
@@ -176,60 +176,6 @@ def test_benchmarks(exp: dict) -> list[str]:
     return [b for b in exp["benchmarks"] if b not in chosen_on]
 
 
-def _selection_problems(exp: dict) -> list[str]:
-    problems = []
-    listed, datasets = exp["benchmarks"], list(exp.get("datasets") or {})
-    tests = set(selection(exp))
-    for test, given in selection(exp).items():
-        where = f"evaluation.selection.{test}"
-        if test not in listed:
-            problems.append(f"{where}: {test!r} is not in benchmarks ({', '.join(listed)})")
-        if isinstance(given, dict):
-            problems += [
-                f"{where}.{ds}: no dataset {ds!r} in this grid (datasets: {', '.join(datasets)})"
-                for ds in given
-                if ds not in datasets
-            ]
-            problems += [
-                f"{where}: no selection benchmark for dataset {ds!r}: add `{ds}: <benchmark>` (e.g. a "
-                f"holdout_of benchmark of its training set)"
-                for ds in datasets
-                if ds not in given
-            ]
-            pairs = [(f"{where}.{ds}", sel, [ds]) for ds, sel in given.items() if ds in datasets]
-        else:
-            pairs = [(where, given, datasets)]
-        for at, sel, for_datasets in pairs:
-            if sel not in listed:
-                problems.append(f"{at}: the selection benchmark {sel!r} is not in benchmarks: add it there")
-            if sel == test or sel in tests:
-                problems.append(
-                    f"{at}: {sel!r} is a test benchmark; select on a held-out split (e.g. tiny_val)"
-                )
-            problems += _holdout_problems(exp, at, sel, for_datasets)
-    return problems
-
-
-def _holdout_problems(exp: dict, where: str, sel: str, datasets: list[str]) -> list[str]:
-    """A holdout benchmark selects only the cells of the training set it was held out of: for any
-    other set, its problems may be among those trained on."""
-    from aggbench.data import load_benchmark_spec, load_training_spec
-
-    try:
-        of = load_benchmark_spec(sel).holdout_of
-        owner = load_training_spec(of).name if of else None
-        trained = {ds: load_training_spec(exp["datasets"][ds]["spec"]).name for ds in datasets}
-    except Exception:  # a spec that does not load is reported where the specs are checked
-        return []
-    return [
-        f"{where}: {sel!r} is held out of the training set {owner!r}, but the cells of dataset {ds!r} "
-        f"train on {name!r}: select them on a holdout of their own set (per dataset: "
-        f"{{{ds}: <benchmark>}})"
-        for ds, name in trained.items()
-        if owner is not None and name != owner
-    ]
-
-
 def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> None:
     """Raise GridError listing every problem, or return None.
 
@@ -241,7 +187,7 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
     fill_defaults(exp)
     from aggbench.aggregation import load_plugins, resolve_instance
     from aggbench.data import load_benchmark_spec, load_training_spec
-    from aggbench.data.training import stale_holdout
+    from aggbench.data.grid_checks import fetched_problems, holdout_problems, selection_problems
 
     problems: list[str] = resource_problems(exp)
     try:
@@ -262,11 +208,13 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
             load_benchmark_spec(b)
         except Exception as exc:
             problems.append(f"benchmarks: {exc}")  # names the benchmark, the known ones and where it looked
-    problems += _selection_problems(exp)
+    problems += selection_problems(exp)
+    root = results_dir(exp)
+    problems += holdout_problems(exp, {name: data_file(root, name) for name in exp["datasets"]})
+    problems += fetched_problems(exp, benchmark_data_dir(root))
     for name, ds in exp["datasets"].items():
         try:
-            stale = stale_holdout(data_file(results_dir(exp), name), load_training_spec(ds["spec"]))
-            problems += [f"datasets.{name}: {stale}"] if stale else []
+            load_training_spec(ds["spec"])
         except Exception as exc:
             problems.append(f"datasets.{name}.spec: {exc}")
         problems += _random_reward_problems(name, ds)

@@ -18,7 +18,9 @@ import yaml
 
 from aggbench.data import SpecError, load_benchmark, load_benchmark_spec, load_training_spec
 from aggbench.data.fetch import FetchedDataError, fetch_benchmarks, read_fetched
-from aggbench.data.training import Holdout, load_holdout, load_training_dataset
+from aggbench.data.grid_checks import selection_problems
+from aggbench.data.holdout import Holdout, load_holdout
+from aggbench.data.training import load_training_dataset
 
 DAPO_EVAL = "train/dapo17k/dapo_repo_eval_aime-2024_dapo_format.jsonl"
 MATH_TESTS = ["math500", "aime24", "aime25", "olympiadbench", "minerva"]
@@ -185,7 +187,7 @@ def test_the_paper_selects_each_dataset_on_its_own_holdout(tmp_path: Path) -> No
 
     exp = grid.load_experiment(grid.REPO_ROOT / "configs" / "paper.yaml")
     exp["results_dir"] = str(tmp_path / "results")  # never the checkout's results/
-    assert grid._selection_problems(exp) == []
+    assert selection_problems(exp) == []
     assert grid.test_benchmarks(exp) == [*MATH_TESTS, "livecodebench"]
     for dataset in ("dapo17k", "polaris"):
         chosen = grid.selection_for(exp, dataset)
@@ -218,7 +220,7 @@ def test_a_selection_that_could_have_been_trained_on_is_refused(
     exp = grid.load_experiment(grid.REPO_ROOT / "configs" / "paper.yaml")
     exp["results_dir"] = str(tmp_path / "results")  # never the checkout's results/
     exp["evaluation"]["selection"] = selection
-    found = grid._selection_problems(exp)
+    found = selection_problems(exp)
     assert any(message in p for p in found), found
     with pytest.raises(InputError, match="evaluation.selection"):
         grid.validate_experiment(exp)
@@ -239,35 +241,126 @@ def test_prepare_data_writes_the_training_rows_without_the_holdout(toy: Path, tm
     assert not any(r["prompt"] in held for r in written)  # the toy spec's template is {prompt}
 
 
-def test_a_training_file_prepared_before_its_holdout_stops_the_grid(toy: Path, tmp_path: Path) -> None:
-    """An existing results directory whose training file was prepared before the spec held problems
-    out would train on the selection split: the config check (the Snakefile's, before any job)
-    refuses it until the file is prepared again."""
-    from click.testing import CliRunner
-
+def _toy_grid(toy: Path, tmp_path: Path) -> dict:
     from aggbench import grid
-    from aggbench.cli import main
-    from aggbench.data.training import holdout_record_file
-    from aggbench.layout import data_file
 
     exp = grid.load_experiment(grid.REPO_ROOT / "configs" / "smoke.yaml")
     exp["results_dir"] = str(tmp_path / "results")
     exp["datasets"] = {"toy": {"spec": "toy"}}
+    return exp
+
+
+def test_a_training_file_prepared_from_other_spec_data_stops_the_grid(toy: Path, tmp_path: Path) -> None:
+    """An existing results directory whose training file was prepared before the spec held problems
+    out (or with another holdout, or other data fields) would train on the selection split, and
+    Snakemake would not prepare it again: the config check (the Snakefile's, before any job)
+    refuses it until it is."""
+    from click.testing import CliRunner
+
+    from aggbench import grid
+    from aggbench.cli import main
+    from aggbench.data.holdout import holdout_record_file
+    from aggbench.layout import data_file
+
+    exp = _toy_grid(toy, tmp_path)
     grid.validate_experiment(exp)  # nothing prepared yet: nothing to compare
     prepared = data_file(exp["results_dir"], "toy")
     prepared.parent.mkdir(parents=True)
+    rows = _toy_rows()
     prepared.write_text(
-        "".join(json.dumps({"prompt": r["problem"], "answer": r["answer"]}) + "\n" for r in _toy_rows())
+        "".join(json.dumps({"prompt": r["problem"], "answer": r["answer"]}) + "\n" for r in rows)
     )
     with pytest.raises(
-        grid.GridError, match=r"datasets.toy: .*toy.jsonl was prepared with holdout unknown"
+        grid.GridError, match=r"datasets.toy: .*toy.jsonl was prepared from other data"
     ) as err:
         grid.validate_experiment(exp)
-    assert "Delete" in str(err.value) and "retrain them" in str(err.value)
+    assert "prepared before holdouts existed" in str(err.value) and "Delete" in str(err.value)
+    assert "retrain them" in str(err.value)
     res = CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(prepared)])
     assert res.exit_code == 0, res.output
     assert json.loads(holdout_record_file(prepared).read_text())["holdout"] == {"n": 3, "seed": 0}
-    grid.validate_experiment(exp)  # prepared with this holdout: accepted
-    _write_specs(toy, seed=1)  # the spec now holds out other problems than the file left out
-    with pytest.raises(grid.GridError, match=r"prepared with holdout \{'n': 3, 'seed': 0\}"):
+    grid.validate_experiment(exp)  # prepared from this spec: accepted
+    _write_specs(toy, seed=1)  # another holdout
+    with pytest.raises(grid.GridError, match=r"holdout \{'n': 3, 'seed': 0\}"):
         grid.validate_experiment(exp)
+    _write_specs(toy)
+    grid.validate_experiment(exp)
+    spec = yaml.safe_load((toy / "datasets" / "toy.yaml").read_text())
+    (toy / "datasets" / "toy.yaml").write_text(yaml.safe_dump({**spec, "dedupe": True}))  # other data
+    with pytest.raises(grid.GridError, match="was prepared from other data of toy"):
+        grid.validate_experiment(exp)
+
+
+def test_problems_that_differ_only_in_spacing_or_unicode_form_are_one_problem(toy: Path) -> None:
+    """Polaris is published with repeats (dedupe: false); a repeat that differs in whitespace or in
+    Unicode form is the same problem, and leaves training with it."""
+    rows = _toy_rows()
+    variants = [
+        "  What is 7 + 7? ",
+        "What is 7  +\n7?",
+        "What is 7 \uff0b 7?",
+    ]  # spaces, newline, fullwidth +
+    rows += [{"uid": f"v{i}", "problem": text, "answer": "14"} for i, text in enumerate(variants)]
+    for seed in range(100):
+        _write_specs(toy, seed=seed, rows=rows)
+        held, _ = load_holdout(load_training_spec("toy"))
+        if "What is 7 + 7?" in {r["prompt"] for r in held}:
+            break
+    else:
+        pytest.fail("no seed in 0..99 held out problem 7")
+    trained = {r["prompt"] for r in load_training_dataset("toy")}
+    assert not trained & {"What is 7 + 7?", *variants}
+    assert len(held) == 3  # one record for the four spellings
+
+
+def test_a_same_named_copy_of_the_spec_with_other_data_cannot_select_on_the_holdout(
+    toy: Path, tmp_path: Path
+) -> None:
+    """A grid whose dataset points at a copy named `toy` that holds nothing out trains on toy_val's
+    problems: the config check compares the specs' data, not their names."""
+    from aggbench import grid
+
+    exp = _toy_grid(toy, tmp_path)
+    exp["benchmarks"] = ["tiny_test", "toy_val"]
+    exp["evaluation"]["selection"] = {"tiny_test": "toy_val"}
+    grid.validate_experiment(exp)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    spec = yaml.safe_load((toy / "datasets" / "toy.yaml").read_text())
+    (copy / "toy.yaml").write_text(yaml.safe_dump({k: v for k, v in spec.items() if k != "holdout"}))
+    exp["datasets"] = {"toy": {"spec": str(copy / "toy.yaml")}}
+    found = selection_problems(exp)
+    assert any("whose data or holdout differ (holdout n=3 seed=0 vs None)" in p for p in found), found
+
+
+def test_a_holdout_benchmark_of_a_set_without_holdout_or_of_no_set_is_refused(toy, tmp_path) -> None:
+    from aggbench import grid
+
+    exp = _toy_grid(toy, tmp_path)
+    bench = yaml.safe_load((toy / "benchmarks" / "toy_val.yaml").read_text())
+    for of, message in (("tiny", "benchmarks: bad_val is holdout_of 'tiny', which holds nothing out"),
+                        ("nosuch", "benchmarks: bad_val is holdout_of 'nosuch': unknown training dataset")):  # fmt: skip
+        (toy / "benchmarks" / "bad_val.yaml").write_text(
+            yaml.safe_dump({**bench, "name": "bad_val", "holdout_of": of})
+        )
+        exp["benchmarks"] = ["tiny_test", "bad_val"]
+        with pytest.raises(grid.GridError, match=message):
+            grid.validate_experiment(exp)
+
+
+def test_a_stale_fetched_copy_stops_the_grid_before_any_job(toy: Path, tmp_path: Path) -> None:
+    """Snakemake does not rerun fetch_benchmarks when a spec changes; every generate job would fail
+    on the copy: the config check says so first, with the refetch command."""
+    from aggbench import grid
+    from aggbench.layout import benchmark_data_dir
+
+    exp = _toy_grid(toy, tmp_path)
+    exp["benchmarks"] = ["tiny_test", "toy_val"]
+    fetch_benchmarks(["toy_val"], benchmark_data_dir(exp["results_dir"]), echo=lambda _: None)
+    grid.validate_experiment(exp)
+    _write_specs(toy, seed=5)
+    with pytest.raises(
+        grid.GridError, match=r"holdout_of toy: that training set's data or holdout changed"
+    ) as err:
+        grid.validate_experiment(exp)
+    assert "--refetch toy_val" in str(err.value)

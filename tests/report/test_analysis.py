@@ -137,3 +137,25 @@ def test_one_rule_block_gets_its_figure_and_no_cross_cell(grid_files, tmp_path):
     )
     paths = analysis.plot_analysis(only_token, tmp_path, results)
     assert [p.name for p in paths] == ["tiny__tiny__analysis.png"]
+
+
+def test_a_selection_split_is_not_in_the_cross_cell_average(grid_files):
+    """With evaluation.selection, the selection benchmark is evaluated like the others but is no
+    test column: the token - sequence difference stays the test benchmarks' (17.5), however far apart
+    the rules are on it (here 0 vs 100 points)."""
+    import copy
+
+    col, results = grid_files
+    exp = copy.deepcopy(col.exp)
+    exp["benchmarks"] = [*exp["benchmarks"], "tiny_val"]
+    exp.setdefault("evaluation", {})["selection"] = {"tiny_test": "tiny_val"}
+    cells = []
+    for c in col.cells:
+        data = copy.copy(c)
+        val = 0.0 if c.cell.aggregation == "token" else 100.0
+        data.evals = {**c.evals, "tiny_val": {t: val for t in c.evals.get("tiny_test", {})}}
+        cells.append(data)
+    keys = {**col.keys, "tiny_val": col.keys["tiny_test"].replace("tiny_test", "tiny_val")}
+    with_val = Collected(exp, col.metric, [*col.benchmarks, "tiny_val"], keys, cells, col.base, True)
+    (p,) = analysis.cross_cell_points(with_val, results)
+    assert p.last == pytest.approx(17.5)

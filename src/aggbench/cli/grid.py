@@ -126,7 +126,7 @@ def prepare_data_command(spec: str, out: str, limit: int | None, fit_to: str | N
         report = data_filter_file(out)
         write_report(report, fit, dataset=s.name, fit_to=fit_to, tokenizer=str(cell.model.path))
         click.echo(f"{s.name}: {fit.summary()} (listed in {report})")
-    from aggbench.data.training import write_holdout_record
+    from aggbench.data.holdout import write_holdout_record
 
     write_holdout_record(out, s)  # what the grid check compares with the spec (its holdout, or none)
     if s.holdout is not None:

@@ -17,7 +17,7 @@ MBPP+ (``evalplus:`` source, optional) load through evalplus's loaders instead
 (:mod:`aggbench.data.evalplus_source`; offline: ``HUMANEVAL_OVERRIDE_PATH`` / ``MBPP_OVERRIDE_PATH``).
 The shared machinery is in :mod:`aggbench.data.sources` (strict models, config lookup) and
 :mod:`aggbench.data.rows` (row sources). ``holdout_of: <training dataset>`` is a selection split: the
-problems that training set's ``holdout:`` keeps out of training (:func:`aggbench.data.training.load_holdout`).
+problems that training set's ``holdout:`` keeps out of training (:mod:`aggbench.data.holdout`).
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def iter_records(
 
         return load_records(spec.evalplus, name=spec.name)
     if spec.holdout_of is not None:
-        from aggbench.data.training import load_holdout
+        from aggbench.data.holdout import load_holdout
 
         held, source = load_holdout(spec.holdout_of, data_dir=data_dir)
         keep = ("id", "prompt", "answer", "meta")

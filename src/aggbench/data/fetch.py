@@ -61,20 +61,16 @@ def lock_file(root: str | Path) -> Path:
     return Path(root) / LOCK_NAME
 
 
-# A holdout benchmark's records are decided by its training dataset's spec: these fields of it.
-_HOLDOUT_FIELDS = (*_DATA_FIELDS, "strip_instruction", "instruction_template", "dedupe", "holdout")
-
-
 def data_key(spec: Any) -> str:
     """sha256 of the spec fields that decide the records (:data:`_DATA_FIELDS`; for ``holdout_of``,
     also its training dataset's, so a changed holdout needs a new fetch), 16 hex digits."""
     dumped = spec.model_dump(mode="json")
     fields = {k: dumped.get(k) for k in _DATA_FIELDS}
-    if getattr(spec, "holdout_of", None):
+    if getattr(spec, "holdout_of", None):  # its records are decided by its training set's spec
+        from aggbench.data.holdout import training_data_key
         from aggbench.data.training import load_training_spec
 
-        of = load_training_spec(spec.holdout_of).model_dump(mode="json")
-        fields["holdout_of"] = {k: of.get(k) for k in _HOLDOUT_FIELDS}
+        fields["holdout_of"] = training_data_key(load_training_spec(spec.holdout_of))
     payload = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -105,17 +101,30 @@ def _refetch_hint(name: str, root: Path) -> str:
     return f"aggbench data fetch --benchmarks {name} --out {root} --refetch {name}"
 
 
+def stale_entry(spec: Any, entry: dict[str, Any], root: Path) -> str | None:
+    """Why a lock entry was fetched for other data than ``spec`` now names, with the fix (None:
+    the same data). Cheap (no file is read): the config check runs it before any job."""
+    if entry.get("data_key") == data_key(spec):
+        return None
+    why = ""
+    if getattr(spec, "holdout_of", None):
+        why = f" (holdout_of {spec.holdout_of}: that training set's data or holdout changed since)"
+    return (
+        f"{spec.name}: {records_file(root, spec.name)} was fetched for other spec data (version "
+        f"{entry.get('spec_version')}, source {entry.get('source')}); the spec now has version "
+        f"{spec.version} and data key {data_key(spec)} (lock: {entry.get('data_key')}){why}: fetch it "
+        f"again where there is internet: {_refetch_hint(spec.name, root)}"
+    )
+
+
 def check_entry(spec: Any, entry: dict[str, Any], root: Path) -> Path:
     """The records file of ``spec`` under ``root`` if it is the one its lock entry describes and was
     fetched for this spec's data; else :class:`FetchedDataError` saying what differs and the fix."""
     path = records_file(root, spec.name)
     fix = f"fetch it again where there is internet: {_refetch_hint(spec.name, root)}"
-    if entry.get("data_key") != data_key(spec):
-        raise FetchedDataError(
-            f"{spec.name}: {path} was fetched for other spec data (version {entry.get('spec_version')}, "
-            f"source {entry.get('source')}); the spec now has version {spec.version} and data key "
-            f"{data_key(spec)} (lock: {entry.get('data_key')}): {fix}"
-        )
+    stale = stale_entry(spec, entry, root)
+    if stale:
+        raise FetchedDataError(stale)
     if not path.is_file():
         raise FetchedDataError(f"{spec.name}: {path} is listed in {lock_file(root)} but missing: {fix}")
     got = sha256_file(path)

@@ -9,12 +9,8 @@ re-applies the same template, so one YAML string both strips and rebuilds the tr
 ``dedupe: true`` keeps the first row of every distinct raw problem: the hub copy of DAPO-Math-17k
 repeats its 17,398 unique problems about 100 times (~1.79M rows).
 
-``holdout: {n, seed}`` keeps ``n`` distinct problems out of training, for choosing checkpoints without
-looking at a test set (issue 27, item 3): a benchmark with ``holdout_of: <this dataset>`` evaluates
-them (configs/benchmarks/dapo17k_val.yaml), and every row of the training set whose raw problem is
-one of them is dropped (a repeated problem cannot leak back in). Which problems: the ``n`` whose
-``sha256(seed, problem text)`` is smallest, over the WHOLE set (a ``limit`` cuts after the split),
-so the split depends on the problems alone, not on their order or on the other rows' count.
+``holdout: {n, seed}`` keeps ``n`` distinct problems out of training for checkpoint selection
+(:mod:`aggbench.data.holdout`; a ``limit`` cuts the training rows after the split).
 
 Sources, as for benchmarks: ``$AGGBENCH_DATA_DIR/<offline_file>`` first, else the pinned hub copy;
 ``builtin`` is the tiny task's train split.
@@ -22,15 +18,15 @@ Sources, as for benchmarks: ``$AGGBENCH_DATA_DIR/<offline_file>`` first, else th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import warnings
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
+from aggbench.data.holdout import Holdout, split_holdout
 from aggbench.data.jsonl import DataError, get_field, iter_jsonl
 from aggbench.data.rows import (
     Row,
@@ -40,8 +36,6 @@ from aggbench.data.rows import (
 )
 from aggbench.data.sources import (
     FieldMap,
-    SpecError,
-    Strict,
     available_names,
     config_dirs,
 )
@@ -50,13 +44,6 @@ from aggbench.data.spec import DataSpec, load_spec
 log = logging.getLogger(__name__)
 DATASET_DIR_ENV = "AGGBENCH_DATASET_DIR"
 _TRAINING_FIELDS = {"id", "prompt", "answer", "meta"}
-
-
-class Holdout(Strict):
-    """``n`` distinct problems kept out of training for checkpoint selection, chosen by ``seed``."""
-
-    n: int = Field(ge=1)
-    seed: int = 0
 
 
 class TrainingDatasetSpec(DataSpec):
@@ -132,90 +119,9 @@ def load_training_dataset(
         return _records(spec, fields, rows, limit)
     train, held = split_holdout(spec, _records(spec, fields, rows, None))
     log.info(
-        "%s: %d problems (%d rows) held out of training for checkpoint selection (holdout)",
-        spec.name,
-        len({r["prompt"] for r in held}),
-        len(held),
+        "%s: %d rows of %d problems held out of training (holdout)", spec.name, len(held), spec.holdout.n
     )
     return train[:limit] if limit is not None else train
-
-
-def load_holdout(
-    spec: TrainingDatasetSpec | str | Path, *, data_dir: str | Path | None = None
-) -> tuple[list[dict[str, Any]], str]:
-    """The ``holdout`` problems of a training set (one record per distinct problem, in the order
-    they were chosen) and where they came from: what a benchmark with ``holdout_of`` evaluates."""
-    if not isinstance(spec, TrainingDatasetSpec):
-        spec = load_training_spec(spec)
-    if spec.holdout is None:
-        where = spec.source_path or spec.name
-        raise SpecError(
-            f"training dataset {spec.name!r} ({where}) has no holdout: add `holdout: {{n: N, seed: 0}}` to it "
-            "(its training rows then leave those N problems out), or select on another benchmark"
-        )
-    opened = spec.open_rows(resolve_data_dir(data_dir))
-    _train, held = split_holdout(spec, _records(spec, opened.fields, opened.rows, None))
-    first: dict[str, dict[str, Any]] = {}
-    for record in held:
-        first.setdefault(record["prompt"], record)
-    order = sorted(first, key=lambda text: _rank(spec.holdout.seed, text))  # type: ignore[union-attr]
-    source = f"holdout of {spec.name} (n={spec.holdout.n}, seed={spec.holdout.seed}) from {opened.source}"  # type: ignore[union-attr]
-    return [first[text] for text in order], source
-
-
-def holdout_record_file(data: str | Path) -> Path:
-    """Beside a prepared training file: the holdout it was written without (``prepare-data``)."""
-    return Path(data).with_suffix(".holdout.json")
-
-
-def write_holdout_record(out: str | Path, spec: TrainingDatasetSpec) -> None:
-    """Beside a prepared training file: the spec and holdout it was written with (``prepare-data``)."""
-    from aggbench.files import write_atomic
-
-    held = spec.holdout.model_dump() if spec.holdout is not None else None
-    record = {"dataset": spec.name, "version": spec.version, "holdout": held}
-    write_atomic(holdout_record_file(out), json.dumps(record) + "\n")
-
-
-def stale_holdout(out: str | Path, spec: TrainingDatasetSpec) -> str | None:
-    """Why the prepared training file ``out`` may hold problems ``spec`` holds out (None: it does
-    not, or there is no file yet): it was written before the spec had this holdout."""
-    if spec.holdout is None or not Path(out).is_file():
-        return None
-    record = holdout_record_file(out)
-    try:
-        written = json.loads(record.read_text(encoding="utf-8")).get("holdout")
-    except (OSError, ValueError, AttributeError):
-        written = "unknown"  # no record: prepared by a version without holdouts
-    if written == spec.holdout.model_dump():
-        return None
-    return (
-        f"{out} was prepared with holdout {written} (from {record.name}; missing: before holdouts "
-        f"existed), but {spec.name} now holds out {spec.holdout.model_dump()}: it may train on the "
-        f"selection split's problems. Delete {out} so prepare_data writes it again; runs already "
-        "trained on it saw those problems (retrain them, or leave evaluation.selection out)"
-    )
-
-
-def _rank(seed: int, text: str) -> tuple[str, str]:
-    return hashlib.sha256(f"{seed}\n{text}".encode()).hexdigest(), text
-
-
-def split_holdout(
-    spec: TrainingDatasetSpec, records: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(training rows, held-out rows) of ALL of a spec's records: the ``holdout.n`` distinct raw
-    problems of smallest ``sha256(seed, text)`` leave training with every row that repeats them."""
-    assert spec.holdout is not None
-    n, seed = spec.holdout.n, spec.holdout.seed
-    texts = sorted({r["prompt"] for r in records}, key=lambda text: _rank(seed, text))
-    if n >= len(texts):
-        raise SpecError(
-            f"training dataset {spec.name!r}: holdout.n={n} would leave no problem to train on "
-            f"({len(texts)} distinct problems); lower holdout.n"
-        )
-    held = set(texts[:n])
-    return [r for r in records if r["prompt"] not in held], [r for r in records if r["prompt"] in held]
 
 
 def _records(
@@ -279,13 +185,8 @@ __all__ = [
     "Row",
     "TrainingDatasetSpec",
     "list_training_datasets",
-    "load_holdout",
     "load_training_dataset",
     "load_training_spec",
-    "holdout_record_file",
-    "split_holdout",
-    "stale_holdout",
-    "write_holdout_record",
 ]
 
 

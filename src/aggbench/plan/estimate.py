@@ -155,7 +155,10 @@ def benchmark_workload(exp: dict, plan: dict) -> list[dict[str, Any]]:
 
             held = load_training_spec(spec.holdout_of).holdout
             if held is None:
-                raise GridError(f"benchmarks: {b!r} is holdout_of {spec.holdout_of!r}, which has no holdout")
+                raise GridError(
+                    f"benchmarks: {b!r} is holdout_of {spec.holdout_of!r}, which holds nothing out: add "
+                    f"`holdout: {{n: N, seed: 0}}` to that dataset, or set plan.benchmarks.{b}: N"
+                )
             problems, source = held.n, f"holdout.n of dataset {spec.holdout_of}"
         elif root is not None and spec.offline_file and (root / spec.offline_file).is_file():
             path = root / spec.offline_file

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aggbench import layout
-from aggbench.grid import results_dir
+from aggbench.grid import results_dir, test_benchmarks
 from aggbench.report.collect import CellData, Collected
 from aggbench.report.ingest import Source
 from aggbench.report.plots import _colors, _line, _pyplot, _save
@@ -195,7 +195,7 @@ def cross_cell_points(
     docstring: how x and y are taken, how a missing or unfinished cell enters)."""
     results = Path(results) if results is not None else results_dir(col.exp)
     train_of = train_of if train_of is not None else read_cells(col, results)
-    benches = col.benchmarks
+    benches = [b for b in col.benchmarks if b in test_benchmarks(col.exp)]  # no selection split
     points = []
     for model, dataset in col.blocks():
         groups = col.rule_cells(model, dataset)
