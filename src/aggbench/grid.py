@@ -176,33 +176,13 @@ def test_benchmarks(exp: dict) -> list[str]:
     return [b for b in exp["benchmarks"] if b not in chosen_on]
 
 
-def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> None:
-    """Raise GridError listing every problem, or return None.
-
-    Plugins are looked up in ``search_paths`` (a config's folder), the working directory and the
-    repository root."""
-    errors = _schema_errors(exp)
-    if errors:
-        raise GridError("invalid experiment config:\n  " + "\n  ".join(errors))
-    fill_defaults(exp)
-    from aggbench.aggregation import load_plugins, resolve_instance
+def _data_problems(exp: dict) -> list[str]:
+    """The benchmark and training-set specs load; the selection, holdouts, prepared training files
+    and fetched copies agree with them (:mod:`aggbench.data.grid_checks`)."""
     from aggbench.data import load_benchmark_spec, load_training_spec
     from aggbench.data.grid_checks import fetched_problems, holdout_problems, selection_problems
 
-    problems: list[str] = resource_problems(exp)
-    try:
-        load_plugins(exp["plugins"], search_paths=[Path.cwd(), REPO_ROOT, *search_paths])
-    except Exception as exc:
-        problems.append(f"plugins: {exc}")
-    names = [a["name"] for a in aggregations(exp)]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        problems.append(f"aggregations: duplicate instance name(s) {dupes}")
-    for i, agg in enumerate(aggregations(exp)):
-        try:
-            resolve_instance(agg)
-        except Exception as exc:
-            problems.append(f"aggregations[{i}] ({agg['name']}): {exc}")
+    problems = []
     for b in exp["benchmarks"]:
         try:
             load_benchmark_spec(b)
@@ -218,6 +198,35 @@ def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> 
         except Exception as exc:
             problems.append(f"datasets.{name}.spec: {exc}")
         problems += _random_reward_problems(name, ds)
+    return problems
+
+
+def validate_experiment(exp: dict, *, search_paths: list[Path] | tuple = ()) -> None:
+    """Raise GridError listing every problem, or return None.
+
+    Plugins are looked up in ``search_paths`` (a config's folder), the working directory and the
+    repository root."""
+    errors = _schema_errors(exp)
+    if errors:
+        raise GridError("invalid experiment config:\n  " + "\n  ".join(errors))
+    fill_defaults(exp)
+    from aggbench.aggregation import load_plugins, resolve_instance
+
+    problems: list[str] = resource_problems(exp)
+    try:
+        load_plugins(exp["plugins"], search_paths=[Path.cwd(), REPO_ROOT, *search_paths])
+    except Exception as exc:
+        problems.append(f"plugins: {exc}")
+    names = [a["name"] for a in aggregations(exp)]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        problems.append(f"aggregations: duplicate instance name(s) {dupes}")
+    for i, agg in enumerate(aggregations(exp)):
+        try:
+            resolve_instance(agg)
+        except Exception as exc:
+            problems.append(f"aggregations[{i}] ({agg['name']}): {exc}")
+    problems += _data_problems(exp)
     for name, m in exp["models"].items():
         if m.get("path") and not Path(m["source"]).is_dir():
             problems.append(f"models.{name}.source: local model directory {m['source']!r} does not exist")
