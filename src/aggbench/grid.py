@@ -179,24 +179,20 @@ def test_benchmarks(exp: dict) -> list[str]:
 def _data_problems(exp: dict) -> list[str]:
     """The benchmark and training-set specs load; the selection, holdouts, prepared training files
     and fetched copies agree with them (:mod:`aggbench.data.grid_checks`)."""
-    from aggbench.data import load_benchmark_spec, load_training_spec
-    from aggbench.data.grid_checks import fetched_problems, holdout_problems, selection_problems
+    from aggbench.data.grid_checks import (
+        fetched_problems,
+        holdout_problems,
+        load_data_specs,
+        selection_problems,
+    )
 
-    problems = []
-    for b in exp["benchmarks"]:
-        try:
-            load_benchmark_spec(b)
-        except Exception as exc:
-            problems.append(f"benchmarks: {exc}")  # names the benchmark, the known ones and where it looked
-    problems += selection_problems(exp)
+    specs = load_data_specs(exp)
     root = results_dir(exp)
-    problems += holdout_problems(exp, {name: data_file(root, name) for name in exp["datasets"]})
-    problems += fetched_problems(exp, benchmark_data_dir(root))
+    problems = list(specs.problems)
+    problems += selection_problems(exp, selection(exp), specs)
+    problems += holdout_problems(specs, {name: data_file(root, name) for name in exp["datasets"]})
+    problems += fetched_problems(specs, benchmark_data_dir(root))
     for name, ds in exp["datasets"].items():
-        try:
-            load_training_spec(ds["spec"])
-        except Exception as exc:
-            problems.append(f"datasets.{name}.spec: {exc}")
         problems += _random_reward_problems(name, ds)
     return problems
 

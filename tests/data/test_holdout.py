@@ -18,7 +18,7 @@ import yaml
 
 from aggbench.data import SpecError, load_benchmark, load_benchmark_spec, load_training_spec
 from aggbench.data.fetch import FetchedDataError, fetch_benchmarks, read_fetched
-from aggbench.data.grid_checks import selection_problems
+from aggbench.data.grid_checks import load_data_specs, selection_problems
 from aggbench.data.holdout import Holdout, load_holdout
 from aggbench.data.training import load_training_dataset
 
@@ -187,7 +187,7 @@ def test_the_paper_selects_each_dataset_on_its_own_holdout(tmp_path: Path) -> No
 
     exp = grid.load_experiment(grid.REPO_ROOT / "configs" / "paper.yaml")
     exp["results_dir"] = str(tmp_path / "results")  # never the checkout's results/
-    assert selection_problems(exp) == []
+    assert selection_problems(exp, grid.selection(exp), load_data_specs(exp)) == []
     assert grid.test_benchmarks(exp) == [*MATH_TESTS, "livecodebench"]
     for dataset in ("dapo17k", "polaris"):
         chosen = grid.selection_for(exp, dataset)
@@ -220,7 +220,7 @@ def test_a_selection_that_could_have_been_trained_on_is_refused(
     exp = grid.load_experiment(grid.REPO_ROOT / "configs" / "paper.yaml")
     exp["results_dir"] = str(tmp_path / "results")  # never the checkout's results/
     exp["evaluation"]["selection"] = selection
-    found = selection_problems(exp)
+    found = selection_problems(exp, grid.selection(exp), load_data_specs(exp))
     assert any(message in p for p in found), found
     with pytest.raises(InputError, match="evaluation.selection"):
         grid.validate_experiment(exp)
@@ -329,7 +329,7 @@ def test_a_same_named_copy_of_the_spec_with_other_data_cannot_select_on_the_hold
     spec = yaml.safe_load((toy / "datasets" / "toy.yaml").read_text())
     (copy / "toy.yaml").write_text(yaml.safe_dump({k: v for k, v in spec.items() if k != "holdout"}))
     exp["datasets"] = {"toy": {"spec": str(copy / "toy.yaml")}}
-    found = selection_problems(exp)
+    found = selection_problems(exp, grid.selection(exp), load_data_specs(exp))
     assert any("whose data or holdout differ (holdout n=3 seed=0 vs None)" in p for p in found), found
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 
 from aggbench import grid
-from aggbench.data.grid_checks import selection_problems
+from aggbench.data.grid_checks import load_data_specs, selection_problems
 from aggbench.report.collect import CellData, Collected
 from aggbench.report.render import to_csv, to_markdown, write_tables
 from aggbench.report.tables import build_tables
@@ -109,12 +109,12 @@ def test_a_selection_that_is_not_held_out_is_refused():
     for spec, messages in problems.items():
         test, sel = spec.split(": ")
         exp["evaluation"]["selection"] = {test: sel}
-        found = selection_problems(exp)
+        found = selection_problems(exp, grid.selection(exp), load_data_specs(exp))
         for m in messages:
             assert any(m in p for p in found), (spec, found)
     exp["benchmarks"] = ["tiny_test", "tiny_val"]
     exp["evaluation"]["selection"] = {"tiny_test": "tiny_val"}
-    assert selection_problems(exp) == []
+    assert selection_problems(exp, grid.selection(exp), load_data_specs(exp)) == []
     grid.validate_experiment(exp)
 
 

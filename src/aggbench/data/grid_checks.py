@@ -1,6 +1,7 @@
 """The experiment config's data checks (``aggbench.grid.validate_experiment`` runs them before any
 job; ``aggbench grid check`` prints them): each returns the problems it finds, each naming the key
-and the fix.
+and the fix. The specs are read once (:func:`load_data_specs`, ~20 YAML files for the paper grid at
+every Snakefile parse) and handed to each check.
 
 - :func:`selection_problems`: ``evaluation.selection`` chooses on held-out splits only, and a
   holdout benchmark (``holdout_of``) selects only the cells that trained on exactly the spec it
@@ -13,18 +14,67 @@ and the fix.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aggbench.data.benchmarks import BenchmarkSpec
+    from aggbench.data.training import TrainingDatasetSpec
 
 
-def _selection(exp: dict) -> dict[str, Any]:
-    return dict((exp.get("evaluation") or {}).get("selection") or {})
+@dataclass
+class DataSpecs:
+    """The grid's specs, each read once. ``problems``: the load errors, one per spec that did not
+    load (each check skips what is missing here, so every error is reported once)."""
+
+    benchmarks: dict[str, BenchmarkSpec] = field(default_factory=dict)  # {benchmark: spec}
+    datasets: dict[str, TrainingDatasetSpec] = field(default_factory=dict)  # {dataset: its spec}
+    owners: dict[str, TrainingDatasetSpec] = field(default_factory=dict)  # {holdout_of: that spec}
+    problems: list[str] = field(default_factory=list)
 
 
-def selection_problems(exp: dict) -> list[str]:
+def load_data_specs(exp: dict) -> DataSpecs:
+    from aggbench.data.benchmarks import load_benchmark_spec
+    from aggbench.data.training import load_training_spec
+
+    specs = DataSpecs()
+    for b in exp["benchmarks"]:
+        try:
+            specs.benchmarks[b] = load_benchmark_spec(b)
+        except Exception as exc:
+            specs.problems.append(
+                f"benchmarks: {exc}"
+            )  # names the benchmark, the known ones and where it looked
+    for name, ds in exp["datasets"].items():
+        try:
+            specs.datasets[name] = load_training_spec(ds["spec"])
+        except Exception as exc:
+            specs.problems.append(f"datasets.{name}.spec: {exc}")
+    for b, spec in specs.benchmarks.items():
+        of = spec.holdout_of
+        if of is None or of in specs.owners:
+            continue
+        try:
+            specs.owners[of] = load_training_spec(of)
+        except Exception as exc:
+            specs.problems.append(f"benchmarks: {b} is holdout_of {of!r}: {exc}")
+    return specs
+
+
+def no_holdout(benchmark: str, of: str, spec: TrainingDatasetSpec) -> str:
+    """The problem of a ``holdout_of`` naming a training set that holds nothing out (the config
+    check and ``aggbench plan`` both say it)."""
+    return (
+        f"benchmarks: {benchmark} is holdout_of {of!r}, which holds nothing out: add `holdout: {{n: N, "
+        f"seed: 0}}` to {spec.source_path or of} (its training rows then leave those N out)"
+    )
+
+
+def selection_problems(exp: dict, chosen: dict[str, Any], specs: DataSpecs) -> list[str]:
+    """``chosen``: ``evaluation.selection`` as written (``aggbench.grid.selection``)."""
     problems = []
     listed, datasets = exp["benchmarks"], list(exp.get("datasets") or {})
-    chosen = _selection(exp)
     for test, given in chosen.items():
         where = f"evaluation.selection.{test}"
         if test not in listed:
@@ -51,29 +101,23 @@ def selection_problems(exp: dict) -> list[str]:
                 problems.append(
                     f"{at}: {sel!r} is a test benchmark; select on a held-out split (e.g. tiny_val)"
                 )
-            problems += _held_out_of_these(exp, at, sel, for_datasets)
+            problems += _held_out_of_these(specs, at, sel, for_datasets)
     return problems
 
 
-def _held_out_of_these(exp: dict, where: str, sel: str, datasets: list[str]) -> list[str]:
+def _held_out_of_these(specs: DataSpecs, where: str, sel: str, datasets: list[str]) -> list[str]:
     """A holdout benchmark selects only the cells of the training set it was held out of: for any
     other set (or the same name with other data or another holdout), its problems may be trained on."""
-    from aggbench.data.benchmarks import load_benchmark_spec
     from aggbench.data.holdout import training_data_key
-    from aggbench.data.training import load_training_spec
 
-    try:
-        of = load_benchmark_spec(sel).holdout_of
-        if of is None:
-            return []
-        owner = load_training_spec(of)
-    except Exception:  # a spec that does not load is reported where the specs are checked
+    bench = specs.benchmarks.get(sel)
+    owner = specs.owners.get(bench.holdout_of) if bench is not None and bench.holdout_of else None
+    if owner is None:  # not a holdout benchmark, or a spec that did not load (reported once)
         return []
     out = []
     for ds in datasets:
-        try:
-            trained = load_training_spec(exp["datasets"][ds]["spec"])
-        except Exception:
+        trained = specs.datasets.get(ds)
+        if trained is None:
             continue
         if trained.name != owner.name:
             out.append(
@@ -91,43 +135,24 @@ def _held_out_of_these(exp: dict, where: str, sel: str, datasets: list[str]) -> 
     return out
 
 
-def holdout_problems(exp: dict, prepared: dict[str, Path]) -> list[str]:
+def holdout_problems(specs: DataSpecs, prepared: dict[str, Path]) -> list[str]:
     """``prepared``: {dataset: its prepared training file under the results directory}."""
-    from aggbench.data.benchmarks import load_benchmark_spec
     from aggbench.data.holdout import stale_holdout
-    from aggbench.data.training import load_training_spec
 
     problems = []
-    for b in exp["benchmarks"]:
-        try:
-            of = load_benchmark_spec(b).holdout_of
-        except Exception:  # reported by the benchmark check
-            continue
-        if of is None:
-            continue
-        try:
-            owner = load_training_spec(of)
-        except Exception as exc:
-            problems.append(f"benchmarks: {b} is holdout_of {of!r}: {exc}")
-            continue
-        if owner.holdout is None:
-            problems.append(
-                f"benchmarks: {b} is holdout_of {of!r}, which holds nothing out: add `holdout: {{n: N, "
-                f"seed: 0}}` to {owner.source_path or of} (its training rows then leave those N out)"
-            )
-    for name, ds in exp["datasets"].items():
-        try:
-            stale = stale_holdout(prepared[name], load_training_spec(ds["spec"]))
-        except Exception:  # reported by the dataset check
-            continue
+    for b, spec in specs.benchmarks.items():
+        owner = specs.owners.get(spec.holdout_of) if spec.holdout_of else None
+        if owner is not None and owner.holdout is None:
+            problems.append(no_holdout(b, spec.holdout_of, owner))
+    for name, spec in specs.datasets.items():
+        stale = stale_holdout(prepared[name], spec)
         if stale:
             problems.append(f"datasets.{name}: {stale}")
     return problems
 
 
-def fetched_problems(exp: dict, fetched: Path) -> list[str]:
+def fetched_problems(specs: DataSpecs, fetched: Path) -> list[str]:
     """``fetched``: the grid's fetched benchmark copy (``{results}/data/benchmarks``)."""
-    from aggbench.data.benchmarks import load_benchmark_spec
     from aggbench.data.fetch import FetchedDataError, read_lock, stale_entry
 
     try:
@@ -135,13 +160,8 @@ def fetched_problems(exp: dict, fetched: Path) -> list[str]:
     except FetchedDataError as exc:
         return [f"benchmarks: {exc}"]
     problems = []
-    for b in exp["benchmarks"]:
-        if b not in entries:
-            continue
-        try:
-            stale = stale_entry(load_benchmark_spec(b), entries[b], fetched)
-        except Exception:  # a spec that does not load is reported by the benchmark check
-            continue
+    for b, spec in specs.benchmarks.items():
+        stale = stale_entry(spec, entries[b], fetched) if b in entries else None
         if stale:
             problems.append(f"benchmarks: {stale}")
     return problems

@@ -152,13 +152,12 @@ def benchmark_workload(exp: dict, plan: dict) -> list[dict[str, Any]]:
             problems, source = spec.builtin.n_test, "built-in task"
         elif spec.holdout_of is not None:  # a training set's held-out problems: its holdout.n
             from aggbench.data import load_training_spec
+            from aggbench.data.grid_checks import no_holdout
 
-            held = load_training_spec(spec.holdout_of).holdout
+            owner = load_training_spec(spec.holdout_of)
+            held = owner.holdout
             if held is None:
-                raise GridError(
-                    f"benchmarks: {b!r} is holdout_of {spec.holdout_of!r}, which holds nothing out: add "
-                    f"`holdout: {{n: N, seed: 0}}` to that dataset, or set plan.benchmarks.{b}: N"
-                )
+                raise GridError(f"{no_holdout(b, spec.holdout_of, owner)}, or set plan.benchmarks.{b}: N")
             problems, source = held.n, f"holdout.n of dataset {spec.holdout_of}"
         elif root is not None and spec.offline_file and (root / spec.offline_file).is_file():
             path = root / spec.offline_file
