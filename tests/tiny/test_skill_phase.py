@@ -69,3 +69,21 @@ def test_a_skill_phase_of_other_settings_is_refused_before_anything_is_written(t
     assert res.exit_code == 1 and "is not a finished skill phase" in res.output, res.output
     res = CliRunner().invoke(main, ["prepare-model", "gpt2", "--skill-from", str(skill), "--out", str(out)])
     assert res.exit_code == 2 and "apply to 'tiny' only" in res.output, res.output
+
+
+def test_the_warm_start_depends_on_the_thread_count_so_it_is_recorded(tmp_path):
+    """torch splits a CPU reduction by thread, so the same warm start on 1 and on 2 threads gives
+    other weights: the record says which (``sft_threads``), and the workflow pins it
+    (tests/workflow/test_lab_dag.py: `--cores 1` runs the prepare rules on the same 2 threads)."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            _run("tiny", *STEPS, "--probe-prompts", "0", "--out", str(tmp_path / f"t{threads}"))
+    finally:
+        torch.set_num_threads(before)
+    records = [json.loads((tmp_path / f"t{t}" / "aggbench_model.json").read_text()) for t in (1, 2)]
+    assert [r["sft_threads"] for r in records] == [1, 2]
+    assert _bytes(tmp_path / "t1") != _bytes(tmp_path / "t2")

@@ -53,6 +53,22 @@ def test_lab_grid_is_four_knob_settings_by_three_rules_by_three_seeds(wf, tmp_pa
                 f"--gap {gap} " in c and f"--spread {spread} " in c and f"tiny-{gap[:3]}-{spread} " in c
                 for c in commands
             ), commands
+    # the warm starts' weights depend on torch's thread count: a 1-core run trains them on the
+    # same 2 threads (Snakemake lowers {threads} to --cores; tests/tiny/test_skill_phase.py)
+    one_core = wf.run(
+        [
+            "-n",
+            "-p",
+            "--cores",
+            "1",
+            "--configfile",
+            str(_lab(wf)),
+            "--config",
+            f"results_dir={tmp_path / 'c'}",
+        ]
+    )
+    warm = re.findall(r"export OMP_NUM_THREADS=(\d+); aggbench prepare-model", one_core.stdout)
+    assert warm == ["2"] * 5, warm  # the skill phase and the four models
     # a grid whose warm starts share nothing runs each alone, as before (the smoke grid: one model)
     smoke = wf.run(["-n", "-p", "--config", f"results_dir={tmp_path / 's'}"])
     assert "prepare_skill_phase" not in smoke.stdout and "--skill-from" not in smoke.stdout

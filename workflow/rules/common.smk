@@ -87,6 +87,11 @@ ENV = (
 # Every non-local job also runs offline: compute nodes often are, and the local rules
 # prepare_model, prepare_data and fetch_benchmarks fetched everything from the hub beforehand.
 JOB_ENV = f"{ENV} export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1;"
+# The tiny model's warm start trains on torch CPU threads, and its weights depend on their number
+# (torch splits reductions by thread: 1 and 2 threads differ after 4 steps), so the prepare rules
+# export this number, not {threads}: Snakemake lowers {threads} to --cores, and `--cores 1` would
+# otherwise train other models than the smoke DAG's golden outputs. 2 threads: 1.8x one on 2 cores.
+WARM_START_THREADS = 2
 
 
 # ---------------------------------------------------------------- resources

@@ -23,9 +23,9 @@ rule prepare_skill_phase:
         f"{R}/logs/prepare_skill_phase/{{key}}.times.tsv",
     params:
         args=lambda wildcards: skill_phase_args(wildcards.key),
-    threads: 2  # torch CPU threads (the weights do not depend on them)
+    threads: WARM_START_THREADS  # for the scheduler; the job runs on exactly this many (see common.smk)
     shell:
-        "{ENV} export OMP_NUM_THREADS={threads}; "
+        f"{{ENV}} export OMP_NUM_THREADS={WARM_START_THREADS}; "
         "aggbench prepare-model tiny --skill-phase-only {params.args} --out {output} --quiet > {log} 2>&1"
 
 
@@ -51,9 +51,9 @@ rule prepare_model:
         f"{R}/logs/prepare_model/{{model}}.times.tsv",
     params:
         args=lambda wildcards: prepare_model_args(wildcards.model),
-    threads: 2  # the tiny model's warm start (torch CPU threads); a hub download ignores it
+    threads: WARM_START_THREADS  # the tiny model's warm start (see common.smk); a hub download ignores it
     shell:
-        "{ENV} export OMP_NUM_THREADS={threads}; "
+        f"{{ENV}} export OMP_NUM_THREADS={WARM_START_THREADS}; "
         "aggbench prepare-model {params.args} --out {output} --quiet > {log} 2>&1"
 
 

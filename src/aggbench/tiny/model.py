@@ -207,7 +207,9 @@ def sft_warm_start(
     guesses and how long each style is. Loss is on the assistant tokens (answer + eos) only, with
     prompts rendered through the chat template exactly as at RL time. Plain AdamW; linear warm-up
     over 5% of the steps, constant, then cosine decay to 10% of ``lr`` over the last 40%.
-    Deterministic on CPU: same seed and settings, same weights. Returns the per-step losses.
+    Deterministic on CPU: same seed, settings and torch thread count, same weights (the thread
+    count splits reductions: 1 and 2 threads differ after 4 steps; the workflow's prepare rules pin
+    it, and ``aggbench_model.json`` records it as ``sft_threads``). Returns the per-step losses.
     """
     state = SftState.start(model_dir, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
     task = task or TaskConfig()
@@ -395,7 +397,9 @@ def build_and_warm_start(
     """Build + warm-start the tiny model into ``out_dir`` and probe it (``probe_prompts`` test
     prompts x 8 samples; 0 skips the probe); returns the facts for ``aggbench_model.json``.
     ``skill_from``: a saved skill phase (``aggbench.tiny.lab.prepare_skill_phase``) to continue
-    from instead of running it here; the weights are the same."""
+    from instead of running it here; the weights are the same (on the same torch thread count)."""
+    import torch
+
     task = task or TaskConfig()
     t0 = time.monotonic()
     if skill_from is not None and sft_steps:
@@ -416,6 +420,7 @@ def build_and_warm_start(
         "sft_lr": DEFAULT_SFT_LR,
         "sft_final_loss": round(losses[-1], 4) if losses else None,
         "sft_seconds": round(time.monotonic() - t0, 1),
+        "sft_threads": torch.get_num_threads(),  # the weights depend on it (sft_warm_start)
         "max_response_tokens": task.max_response_tokens(),
     }
     if skill_from is not None and sft_steps:
