@@ -35,6 +35,7 @@ class DataSpecs:
 
 
 def load_data_specs(exp: dict) -> DataSpecs:
+    """Every benchmark, dataset and ``holdout_of`` spec of ``exp``, each read once."""
     from aggbench.data.benchmarks import load_benchmark_spec
     from aggbench.data.training import load_training_spec
 
@@ -42,10 +43,8 @@ def load_data_specs(exp: dict) -> DataSpecs:
     for b in exp["benchmarks"]:
         try:
             specs.benchmarks[b] = load_benchmark_spec(b)
-        except Exception as exc:
-            specs.problems.append(
-                f"benchmarks: {exc}"
-            )  # names the benchmark, the known ones and where it looked
+        except Exception as exc:  # the message names the benchmark, the known ones and where it looked
+            specs.problems.append(f"benchmarks: {exc}")
     for name, ds in exp["datasets"].items():
         try:
             specs.datasets[name] = load_training_spec(ds["spec"])
