@@ -187,7 +187,14 @@ def test_the_paper_selects_each_dataset_on_its_own_holdout(tmp_path: Path) -> No
 
     exp = grid.load_experiment(grid.REPO_ROOT / "configs" / "paper.yaml")
     exp["results_dir"] = str(tmp_path / "results")  # never the checkout's results/
-    assert selection_problems(exp, grid.selection(exp), load_data_specs(exp)) == []
+    specs = load_data_specs(exp)
+    assert selection_problems(exp, grid.selection(exp), specs) == []
+    assert [specs.owner_of(b) and specs.owner_of(b).name for b in ("dapo17k_val", "polaris_val")] == [
+        "dapo17k",
+        "polaris",
+    ]
+    assert specs.owner_of("math500") is None and specs.owner_of("not_in_this_grid") is None
+    assert specs.owner_of("livecodebench_val") is None  # a date window, not a holdout of a training set
     assert grid.test_benchmarks(exp) == [*MATH_TESTS, "livecodebench"]
     for dataset in ("dapo17k", "polaris"):
         chosen = grid.selection_for(exp, dataset)

@@ -33,6 +33,12 @@ class DataSpecs:
     owners: dict[str, TrainingDatasetSpec] = field(default_factory=dict)  # {holdout_of: that spec}
     problems: list[str] = field(default_factory=list)
 
+    def owner_of(self, benchmark: str) -> TrainingDatasetSpec | None:
+        """The training set ``benchmark`` is held out of; None when it is not a holdout benchmark,
+        or when its spec or its owner's did not load (that problem is in ``problems``)."""
+        bench = self.benchmarks.get(benchmark)
+        return self.owners.get(bench.holdout_of) if bench is not None and bench.holdout_of else None
+
 
 def load_data_specs(exp: dict) -> DataSpecs:
     """Every benchmark, dataset and ``holdout_of`` spec of ``exp``, each read once."""
@@ -109,8 +115,7 @@ def _held_out_of_these(specs: DataSpecs, where: str, sel: str, datasets: list[st
     other set (or the same name with other data or another holdout), its problems may be trained on."""
     from aggbench.data.holdout import training_data_key
 
-    bench = specs.benchmarks.get(sel)
-    owner = specs.owners.get(bench.holdout_of) if bench is not None and bench.holdout_of else None
+    owner = specs.owner_of(sel)
     if owner is None:  # not a holdout benchmark, or a spec that did not load (reported once)
         return []
     out = []
@@ -140,7 +145,7 @@ def holdout_problems(specs: DataSpecs, prepared: dict[str, Path]) -> list[str]:
 
     problems = []
     for b, spec in specs.benchmarks.items():
-        owner = specs.owners.get(spec.holdout_of) if spec.holdout_of else None
+        owner = specs.owner_of(b)
         if owner is not None and owner.holdout is None:
             problems.append(no_holdout(b, spec.holdout_of, owner))
     for name, spec in specs.datasets.items():
