@@ -260,6 +260,21 @@ def _check_existing(out_dir: Path, request: dict[str, Any], force: bool) -> bool
     return True
 
 
+def _check_warm_start_threads(out_dir: Path) -> None:
+    """A tiny warm start's weights depend on torch's thread count (``sft_threads``): a directory
+    trained on another count is not what this request would write, so it is not "already prepared"."""
+    import torch
+
+    recorded = json.loads((out_dir / MARKER).read_text()).get("sft_threads")
+    if recorded is not None and recorded != torch.get_num_threads():
+        raise ModelDirError(
+            f"{out_dir} was warm-started on {recorded} torch threads and this process runs "
+            f"{torch.get_num_threads()}, and the weights depend on the count: set "
+            f"OMP_NUM_THREADS={recorded} to use it as it is (the workflow's WARM_START_THREADS), or "
+            "pass --force to rebuild it on this count"
+        )
+
+
 def _download(name: str, revision: str | None, into: Path) -> None:
     """Fetch a hub snapshot into ``into``; offline and not-found failures get an actionable message."""
     from huggingface_hub import snapshot_download
@@ -396,6 +411,8 @@ def prepare_model(
     task_fields = {k: v for k, v in asdict(task).items() if k not in KNOBS or k in task.knobs()}
     request = _request(name, revision, seed, sft_steps, task_fields, config_overrides or {})
     if _check_existing(out_dir, request, force):
+        if name == TINY and sft_steps:
+            _check_warm_start_threads(out_dir)
         return None
     _check_name(name)
     if skill_from is not None and name == TINY and sft_steps:  # before anything is written

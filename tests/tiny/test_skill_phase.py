@@ -87,3 +87,37 @@ def test_the_warm_start_depends_on_the_thread_count_so_it_is_recorded(tmp_path):
     records = [json.loads((tmp_path / f"t{t}" / "aggbench_model.json").read_text()) for t in (1, 2)]
     assert [r["sft_threads"] for r in records] == [1, 2]
     assert _bytes(tmp_path / "t1") != _bytes(tmp_path / "t2")
+
+
+def test_a_warm_start_of_another_thread_count_is_neither_reused_nor_continued(tmp_path):
+    """The same request on another thread count would write other weights (the test above), so a
+    directory, or a skill phase, trained on another count is refused with the count to set."""
+    import torch
+
+    before = torch.get_num_threads()
+    skill, model = tmp_path / "skill", tmp_path / "m"
+    try:
+        torch.set_num_threads(1)
+        _run("tiny", "--skill-phase-only", "--sft-steps", "6", "--out", str(skill), "--quiet")
+        _run("tiny", *STEPS, "--probe-prompts", "0", "--out", str(model))
+        assert json.loads((skill / "skill_phase.json").read_text())["threads"] == 1
+        again = ["prepare-model", "tiny", *STEPS[:2], "--out", str(model)]
+        res = CliRunner().invoke(main, again)
+        assert res.exit_code == 0 and "already prepared" in res.output, res.output  # same count
+        torch.set_num_threads(2)
+        res = CliRunner().invoke(main, again)
+        assert res.exit_code == 1, res.output
+        assert "warm-started on 1 torch threads and this process runs 2" in res.output, res.output
+        assert "OMP_NUM_THREADS=1" in res.output and "--force" in res.output, res.output
+        out = tmp_path / "continued"
+        res = CliRunner().invoke(
+            main, ["prepare-model", "tiny", *STEPS, "--skill-from", str(skill), "--out", str(out)]
+        )
+        assert res.exit_code == 1 and "was run on 1 torch threads" in res.output, res.output
+        assert not out.exists()
+        res = CliRunner().invoke(  # the phase itself: not "already prepared" on 2 threads either
+            main, ["prepare-model", "tiny", "--skill-phase-only", "--sft-steps", "6", "--out", str(skill)]
+        )
+        assert res.exit_code == 1 and "OMP_NUM_THREADS=1" in res.output, res.output
+    finally:
+        torch.set_num_threads(before)

@@ -11,7 +11,9 @@ DIR at the end, so a killed job leaves no DIR that looks finished. DIR holds
 
 Into an existing DIR: if its ``aggbench_model.json`` records the same request, nothing is done
 (exit 0, "already prepared"); if it records another request, or DIR is not a finished model
-directory, the command fails and says to pass ``--force`` (rebuild) or choose another DIR.
+directory, the command fails and says to pass ``--force`` (rebuild) or choose another DIR. A tiny
+warm start is the same request only on the same torch thread count (its weights depend on it):
+on another count the command fails and names the ``OMP_NUM_THREADS`` that matches DIR.
 """
 
 from __future__ import annotations

@@ -168,7 +168,10 @@ def prepare_skill_phase(
             "losses": state.losses,
         }
         torch.save(saved, tmp / SKILL_STATE)
-        (tmp / SKILL_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        # the thread count is not part of the record (the key names the phase before any job runs)
+        # but its weights depend on it: check_skill_phase refuses a continuation on another count
+        on_disk = {**record, "threads": torch.get_num_threads()}
+        (tmp / SKILL_RECORD).write_text(json.dumps(on_disk, indent=2) + "\n")
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -176,6 +179,10 @@ def prepare_skill_phase(
 
 
 def check_skill_phase(skill_dir: Path, record: dict[str, Any]) -> None:
+    """Raise ValueError unless ``skill_dir`` is a finished skill phase of ``record`` run on this
+    process's torch thread count (a continuation on another count matches no plain warm start)."""
+    import torch
+
     path = skill_dir / SKILL_RECORD
     if not (path.is_file() and (skill_dir / SKILL_STATE).is_file()):
         raise ValueError(
@@ -183,6 +190,7 @@ def check_skill_phase(skill_dir: Path, record: dict[str, Any]) -> None:
             "rerun `aggbench prepare-model tiny --skill-phase-only --out DIR`"
         )
     have = json.loads(path.read_text())
+    threads = have.pop("threads", None)  # None: written before the count was recorded
     if have != record:
         diff = ", ".join(
             f"{k}: {have.get(k)!r} -> {record.get(k)!r}"
@@ -192,6 +200,13 @@ def check_skill_phase(skill_dir: Path, record: dict[str, Any]) -> None:
         raise ValueError(
             f"{skill_dir} holds another warm start's skill phase ({diff}); prepare the matching one with "
             "`aggbench prepare-model tiny --skill-phase-only` (same --seed, --sft-steps and task options)"
+        )
+    if threads is not None and threads != torch.get_num_threads():
+        raise ValueError(
+            f"{skill_dir} was run on {threads} torch threads and this process runs "
+            f"{torch.get_num_threads()}: the warm start's weights depend on the thread count, so a "
+            f"continuation here would match no plain warm start; set OMP_NUM_THREADS={threads} (the "
+            "workflow's WARM_START_THREADS), or delete it and prepare the skill phase again on this count"
         )
 
 
