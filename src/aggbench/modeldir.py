@@ -263,15 +263,14 @@ def _check_existing(out_dir: Path, request: dict[str, Any], force: bool) -> bool
 def _check_warm_start_threads(out_dir: Path) -> None:
     """A tiny warm start's weights depend on torch's thread count (``sft_threads``): a directory
     trained on another count is not what this request would write, so it is not "already prepared"."""
-    import torch
+    from aggbench.tiny.model import thread_count_mismatch
 
     recorded = json.loads((out_dir / MARKER).read_text()).get("sft_threads")
-    if recorded is not None and recorded != torch.get_num_threads():
+    mismatch = thread_count_mismatch(recorded)
+    if mismatch:
         raise ModelDirError(
-            f"{out_dir} was warm-started on {recorded} torch threads and this process runs "
-            f"{torch.get_num_threads()}, and the weights depend on the count: set "
-            f"OMP_NUM_THREADS={recorded} to use it as it is (the workflow's WARM_START_THREADS), or "
-            "pass --force to rebuild it on this count"
+            f"{out_dir} {mismatch}: set OMP_NUM_THREADS={recorded} to use it as it is (the "
+            "workflow's WARM_START_THREADS), or pass --force to rebuild it on this count"
         )
 
 

@@ -107,13 +107,13 @@ def test_a_warm_start_of_another_thread_count_is_neither_reused_nor_continued(tm
         torch.set_num_threads(2)
         res = CliRunner().invoke(main, again)
         assert res.exit_code == 1, res.output
-        assert "warm-started on 1 torch threads and this process runs 2" in res.output, res.output
+        assert "was trained on 1 torch threads and this process runs 2" in res.output, res.output
         assert "OMP_NUM_THREADS=1" in res.output and "--force" in res.output, res.output
         out = tmp_path / "continued"
         res = CliRunner().invoke(
             main, ["prepare-model", "tiny", *STEPS, "--skill-from", str(skill), "--out", str(out)]
         )
-        assert res.exit_code == 1 and "was run on 1 torch threads" in res.output, res.output
+        assert res.exit_code == 1 and "was trained on 1 torch threads" in res.output, res.output
         assert not out.exists()
         res = CliRunner().invoke(  # the phase itself: not "already prepared" on 2 threads either
             main, ["prepare-model", "tiny", "--skill-phase-only", "--sft-steps", "6", "--out", str(skill)]

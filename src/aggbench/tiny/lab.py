@@ -29,6 +29,7 @@ from aggbench.tiny.model import (
     build_tiny_model,
     sample_responses,
     skill_task,
+    thread_count_mismatch,
 )
 from aggbench.tiny.task import TaskConfig, has_echo, make_task, response_style, task_reward
 
@@ -181,8 +182,6 @@ def prepare_skill_phase(
 def check_skill_phase(skill_dir: Path, record: dict[str, Any]) -> None:
     """Raise ValueError unless ``skill_dir`` is a finished skill phase of ``record`` run on this
     process's torch thread count (a continuation on another count matches no plain warm start)."""
-    import torch
-
     path = skill_dir / SKILL_RECORD
     if not (path.is_file() and (skill_dir / SKILL_STATE).is_file()):
         raise ValueError(
@@ -201,12 +200,12 @@ def check_skill_phase(skill_dir: Path, record: dict[str, Any]) -> None:
             f"{skill_dir} holds another warm start's skill phase ({diff}); prepare the matching one with "
             "`aggbench prepare-model tiny --skill-phase-only` (same --seed, --sft-steps and task options)"
         )
-    if threads is not None and threads != torch.get_num_threads():
+    mismatch = thread_count_mismatch(threads)
+    if mismatch:
         raise ValueError(
-            f"{skill_dir} was run on {threads} torch threads and this process runs "
-            f"{torch.get_num_threads()}: the warm start's weights depend on the thread count, so a "
-            f"continuation here would match no plain warm start; set OMP_NUM_THREADS={threads} (the "
-            "workflow's WARM_START_THREADS), or delete it and prepare the skill phase again on this count"
+            f"{skill_dir} {mismatch}: a continuation here would match no plain warm start; set "
+            f"OMP_NUM_THREADS={threads} (the workflow's WARM_START_THREADS), or delete it and "
+            "prepare the skill phase again on this count"
         )
 
 

@@ -384,6 +384,20 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def thread_count_mismatch(recorded: int | None) -> str | None:
+    """None when a warm start recorded on ``recorded`` torch threads (None: not recorded) is what
+    this process would train; else the mismatch, said for an error (the weights depend on it)."""
+    import torch
+
+    now = torch.get_num_threads()
+    if recorded is None or recorded == now:
+        return None
+    return (
+        f"was trained on {recorded} torch threads and this process runs {now}, and a warm start's "
+        "weights depend on the thread count"
+    )
+
+
 def build_and_warm_start(
     out_dir: str | Path,
     *,
