@@ -18,7 +18,7 @@ BIN := $(VENV)/bin
 LOCK ?= .ci/lock.txt
 VLLM_LOCK ?= .ci/lock-vllm.txt
 
-.PHONY: lock golden install test test-compat test-verl install-verl test-vllm install-vllm smoke lint
+.PHONY: lock golden golden-machine install test test-compat test-verl install-verl test-vllm install-vllm smoke lint
 
 install: $(VENV)/.installed
 
@@ -138,7 +138,12 @@ lock:
 	$(UV) pip compile pyproject.toml --extra dev --extra eval .ci/vllm.in -c .ci/constraints-vllm.txt $(LOCK_OPTS) \
 	    --no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec -o .ci/lock-vllm.txt
 
-# Regenerate the golden smoke outputs (tests/golden/smoke/, compared by tests/workflow/test_smoke_dag.py):
-# one smoke DAG into a temp dir, its tables and metrics copied, with this machine's description.
+# Regenerate the golden smoke outputs (tests/golden/smoke/<machine class>/, compared by
+# tests/workflow/test_smoke_dag.py): one smoke DAG into a temp dir, its tables and metrics copied,
+# with this machine's description. `golden`: after a change meant to move the outputs (the other
+# classes' sets are removed: stale). `golden-machine`: add this class's set beside the others, at a
+# commit whose outputs pass on them.
 golden: install
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m aggbench.golden --regenerate tests/golden/smoke
+golden-machine: install
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m aggbench.golden --regenerate tests/golden/smoke --keep-other-machines

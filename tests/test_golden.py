@@ -1,4 +1,5 @@
-"""aggbench.golden's comparison: a one-token change of a sampled response is caught and named."""
+"""aggbench.golden: a one-token change of a sampled response is caught and named; one golden set per
+machine class, found by its machine.json, and regenerating drops the other classes' stale sets."""
 
 from __future__ import annotations
 
@@ -69,3 +70,38 @@ def test_copy_then_compare_round_trips(tmp_path):
     r = _results(tmp_path / "r")
     golden.copy_results(r, tmp_path / "g")
     assert golden.differences(tmp_path / "g", r) == []
+
+
+def test_a_set_per_machine_class_is_found_and_regenerating_drops_the_others_unless_kept(tmp_path):
+    assert golden.slug({"cpu_model": "Intel(R) Xeon(R) Processor", "cpu_capability": "AVX512"}) == (
+        "intel-xeon-processor-avx512"
+    )
+    assert golden.slug({"cpu_model": "AMD EPYC", "cpu_capability": "AVX2"}) == "amd-epyc-avx2"
+    here = golden.machine(tmp_path)
+    cap = "AVX2" if here["cpu_capability"] != "AVX2" else "AVX512"
+    other_machine = {**here, "cpu_capability": cap}
+    root, results = tmp_path / "golden", _results(tmp_path / "r")
+    for keep in (True, False):
+        other = root / golden.slug(other_machine)
+        golden.copy_results(results, other)
+        (other / "machine.json").write_text(json.dumps(other_machine))
+        assert golden.set_for(root, here) in (None, root / golden.slug(here))  # None the first time
+        written = golden.regenerate(root, tmp_path, results, keep_others=keep)
+        assert written == root / golden.slug(here) and golden.set_for(root, here) == written
+        assert golden.differences(written, results) == []
+        assert json.loads((written / "machine.json").read_text())["cpu_capability"] == here["cpu_capability"]
+        assert golden.set_for(root, other_machine) == (other if keep else None)
+        assert golden.sets(root) == sorted([written, other] if keep else [written])
+
+
+def test_each_committed_set_is_named_for_its_machine_and_complete():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent / "golden" / "smoke"
+    found = golden.sets(root)
+    assert found, root
+    for d in found:
+        assert d.name == golden.slug(json.loads((d / "machine.json").read_text())), d
+        assert sorted(p.name for p in (d / "tables").glob("*.csv")) == ["last.csv", "peak.csv", "values.csv"]
+        assert len(list(d.glob("runs/*/metrics.jsonl"))) == 3, d
+    assert not list(root.glob("*.json")) and not (root / "tables").exists()  # nothing outside a set

@@ -3,11 +3,17 @@
 A results directory's tables (``tables/*.csv``) and each cell's ``metrics.jsonl`` must equal the
 golden copies field by field, except fields that measure time (``TIME_FIELDS``, shared with
 benchmarks/smoke_dag.py). Every difference names the file, the row, the field, golden and got.
-``machine.json`` says what the golden was made on (CPU model, torch's CPU capability, torch, the
-lock's sha256): on another CPU the numbers may differ legitimately (the warm start's kernels), so a
-comparison there cannot be made (``machine_differences``). Regenerate with ``make golden``:
 
-    python -m aggbench.golden --regenerate tests/golden/smoke   # runs the smoke DAG in a temp dir
+The numbers depend on the CPU's kernel path (the warm start's float reductions: an AMD EPYC on
+torch's AVX2 path and an Intel Xeon on its AVX512 path train other weights), so the golden root
+holds one set per machine class, ``<root>/<machine slug>/`` with its ``machine.json`` (CPU model,
+torch's CPU capability, torch, the lock's sha256), and a run is compared with the set of its class
+(``set_for``); on a class with no set the comparison cannot be made. Regenerate with ``make golden``
+(after a change meant to move the outputs: this machine's set, the other classes' sets removed,
+since they are stale by then) or ``make golden-machine`` (add this machine's set beside the others,
+at a commit whose outputs pass on them):
+
+    python -m aggbench.golden --regenerate tests/golden/smoke [--keep-other-machines]
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -97,6 +104,28 @@ def machine_differences(golden: dict, here: dict) -> list[str]:
     ]
 
 
+def slug(machine: dict) -> str:
+    """The directory name of ``machine``'s golden set: its CPU model and capability, e.g.
+    ``amd-epyc-avx2``, ``intel-xeon-processor-avx512``."""
+    text = re.sub(
+        r"\((r|tm)\)", " ", f"{machine.get('cpu_model')} {machine.get('cpu_capability')}", flags=re.I
+    )
+    return "-".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def sets(root: Path) -> list[Path]:
+    """The golden sets under ``root`` (each a directory with its ``machine.json``), by name."""
+    return sorted(p.parent for p in Path(root).glob("*/machine.json"))
+
+
+def set_for(root: Path, here: dict) -> Path | None:
+    """The golden set made on ``here``'s machine class (no ``machine_differences``), or None."""
+    for d in sets(root):
+        if not machine_differences(json.loads((d / "machine.json").read_text()), here):
+            return d
+    return None
+
+
 def copy_results(results: Path, dest: Path) -> None:
     """The compared files of ``results`` (tables/*.csv, runs/*/metrics.jsonl) into ``dest``, replaced."""
     shutil.rmtree(dest / "tables", ignore_errors=True)
@@ -107,9 +136,13 @@ def copy_results(results: Path, dest: Path) -> None:
         shutil.copyfile(src, target)
 
 
-def regenerate(dest: Path, repo: Path, results: Path | None = None) -> None:
+def regenerate(root: Path, repo: Path, results: Path | None = None, *, keep_others: bool = False) -> Path:
     """Run the smoke DAG (``snakemake --cores 2``) in a temp dir (or take ``results``), copy its
-    compared files and this machine's description into ``dest``."""
+    compared files and this machine's description into ``root/<slug>``; unless ``keep_others``,
+    remove the other machines' sets (a regeneration means the outputs moved, so theirs are stale).
+    Returns the set written."""
+    here = machine(repo)
+    dest = Path(root) / slug(here)
     with tempfile.TemporaryDirectory() as tmp:
         if results is None:
             results = Path(tmp) / "results"
@@ -118,17 +151,29 @@ def regenerate(dest: Path, repo: Path, results: Path | None = None) -> None:
             subprocess.run(cmd, cwd=repo, env=dict(os.environ), check=True)
         dest.mkdir(parents=True, exist_ok=True)
         copy_results(Path(results), dest)
-    (dest / "machine.json").write_text(json.dumps(machine(repo), indent=2, sort_keys=True) + "\n")
+    (dest / "machine.json").write_text(json.dumps(here, indent=2, sort_keys=True) + "\n")
+    for other in sets(root):
+        if other != dest and not keep_others:
+            shutil.rmtree(other)
+            print(
+                f"removed {other}: made on another machine, stale once the outputs move (regenerate it there)"
+            )
+    return dest
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--regenerate", type=Path, required=True, help="the golden directory to rewrite")
+    ap.add_argument("--regenerate", type=Path, required=True, help="the golden root (one set per machine)")
     ap.add_argument("--from-results", type=Path, help="copy this finished smoke results dir, no new run")
+    ap.add_argument(
+        "--keep-other-machines",
+        action="store_true",
+        help="add or refresh this machine's set only (the outputs did not move: they pass on the others)",
+    )
     ap.add_argument("--repo", type=Path, default=Path.cwd())
     args = ap.parse_args(argv)
-    regenerate(args.regenerate, args.repo, args.from_results)
-    print(f"golden smoke outputs written to {args.regenerate}")
+    dest = regenerate(args.regenerate, args.repo, args.from_results, keep_others=args.keep_other_machines)
+    print(f"golden smoke outputs written to {dest}")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ with a number for every benchmark; the positive/negative length gap lasted to th
 `token` weighted the two advantage signs differently from `balanced` on the same batches (otherwise
 the smoke grid would compare rules that behave identically); and MLflow as a researcher uses it:
 every run FINISHED, cells found by their params, the experiment tagged for the runs view, the
-summary tables readable with `mlflow.load_table`. And the outputs equal the golden ones
-(tests/golden/smoke/, `make golden` regenerates them) where the CPU is the golden's.
+summary tables readable with `mlflow.load_table`. And the outputs equal the golden set of this
+CPU class (tests/golden/smoke/<class>/, `make golden` regenerates them) where there is one.
 
 How long the DAG takes is measured by benchmarks/smoke_dag.py, not asserted here: a busy machine
 must not fail a correct run. The hard timeout only keeps CI from hanging.
@@ -192,17 +192,23 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "smoke"
 
 
 def test_outputs_equal_the_golden_ones(wf, smoke_run):
-    """Tables and every cell's metrics (time fields left out) equal tests/golden/smoke/, made in the
-    locked environment (.ci/lock.txt). On another CPU model or kernel path the warm start trains
-    other weights, so there the comparison cannot be made: skipped, saying how the machines differ."""
+    """Tables and every cell's metrics (time fields left out) equal the golden set of this machine's
+    class under tests/golden/smoke/, made in the locked environment (.ci/lock.txt). On a CPU class
+    with no set (the warm start trains other weights on another kernel path) the comparison cannot
+    be made: skipped, naming the classes that have one and how to add this one."""
     results, _, _ = smoke_run
-    golden_machine = json.loads((GOLDEN / "machine.json").read_text())
     here = golden.machine(wf.REPO)
-    if other := golden.machine_differences(golden_machine, here):
-        pytest.skip("cannot compare with the golden outputs, another machine: " + "; ".join(other))
-    diff = golden.differences(GOLDEN, results)
-    context = f"golden lock {golden_machine['lock_sha256'][:12]}, here {str(here['lock_sha256'])[:12]}"
-    assert not diff, f"{len(diff)} differences from {GOLDEN} ({context}; `make golden` regenerates):\n" + (
+    found = golden.set_for(GOLDEN, here)
+    if found is None:
+        have = ", ".join(d.name for d in golden.sets(GOLDEN))
+        pytest.skip(
+            f"cannot compare with the golden outputs: no set for this machine ({golden.slug(here)}; "
+            f"sets: {have}); `make golden-machine` at a commit that passes on those adds one"
+        )
+    golden_machine = json.loads((found / "machine.json").read_text())
+    diff = golden.differences(found, results)
+    context = f"golden {found.name}, lock {golden_machine['lock_sha256'][:12]}, here {str(here['lock_sha256'])[:12]}"
+    assert not diff, f"{len(diff)} differences from {found} ({context}; `make golden` regenerates):\n" + (
         "\n".join(diff[:20])
     )
 
