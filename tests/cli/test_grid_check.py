@@ -42,6 +42,8 @@ def test_the_paper_config_passes_with_the_three_warnings_a_first_cluster_run_nee
     warnings = [line for line in lines if line.startswith("warning: ")]
     assert len(warnings) == 3
     assert "tracking_uri is null" in warnings[0] and "tracking_uri: http://LOGIN-NODE:5000" in warnings[0]
+    assert f"one SQLite file, {tmp_path / 'results' / 'mlflow.db'}, on a" in warnings[0]  # its results_dir
+    assert "--allowed-hosts" in warnings[0]
     assert warnings[1].startswith(
         "warning: benchmarks math500, aime24, aime25, olympiadbench, minerva, livecodebench, dapo17k_val, "
         "polaris_val, livecodebench_val:"

@@ -1,6 +1,6 @@
 """configs/pilot.yaml: one paper cell, a few steps, a reduced evaluation; its bill is in README.
 
-The pilot is what a new user submits before the paper's 783 SLURM jobs, so it must be the paper's
+The pilot is what a new user submits before the paper's 1,077 SLURM jobs, so it must be the paper's
 cell (same model, data, rule and training settings) and differ only where its comments say.
 README's cluster section states the GPU-hours of both configs as `aggbench plan` prints them: a
 change of evaluation or training settings that moves the bill fails here until README says so.
@@ -55,7 +55,12 @@ def test_pilot_differs_from_the_paper_only_where_it_says():
 
 def test_readme_states_the_gpu_hours_aggbench_plan_gives():
     readme = (REPO / "README.md").read_text()
-    paper, pilot = (plan_json(p)["totals"] for p in (PAPER, PILOT))
+    plans = {p: plan_json(p) for p in (PAPER, PILOT)}
+    for path, plan in plans.items():  # the table's row: config, cells, SLURM jobs
+        n_cells = len(cells(load_experiment(str(path))))
+        row = f"| `configs/{path.name}` | {n_cells} | {plan['jobs']['slurm']:,} |"
+        assert row in readme, row
+    paper, pilot = (plans[p]["totals"] for p in (PAPER, PILOT))
     assert paper["complete"] and pilot["complete"]
     for name, totals in (("paper", paper), ("pilot", pilot)):
         estimated = (

@@ -59,11 +59,16 @@ def test_paper_grid_dry_run_lists_exactly_the_expected_jobs(wf, tmp_path):
     assert train["qwen3-1.7b"]["gpu"] == "4" and train["qwen3-1.7b"]["mem_mb"] == "240000"
     grade = next(j for j in jobs if j["rule"] == "grade")["resources"]
     assert grade["cpus_per_task"] == "16" and grade["mem_mb"] == "32000" and "gpu" not in grade
+    # a job on several GPUs is one node's processes (torchrun --standalone): SLURM gets --nodes=1
+    assert train["qwen2.5-math-7b"]["nodes"] == "1" and train["qwen3-1.7b"]["nodes"] == "1"
+    assert "nodes" not in grade
+    one_gpu = [j["resources"] for j in jobs if j["rule"] == "generate" and j["resources"].get("gpu") == "1"]
+    assert one_gpu and all("nodes" not in r for r in one_gpu)
 
     # a dry run writes nothing under results_dir
     assert not (tmp_path / "results").exists()
-    # "a few seconds": most of it is importing torch to validate the rules; generous for a loaded CI
-    assert elapsed < 90, f"dry run took {elapsed:.0f} s"
+    # a few seconds, most of it importing torch to validate the rules: printed, never asserted
+    # (a test does not pass or fail on wall-clock time)
     print(f"paper dry run: {sum(counts.values())} jobs in {elapsed:.1f} s")
 
 

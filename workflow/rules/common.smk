@@ -134,10 +134,20 @@ def rule_resources(rule_name, model_of=None):
 
     `gpus` becomes the SLURM plugin's `gpu` (dropped when 0), `cpus` becomes `cpus_per_task` (and
     threads:, see rule_threads); every other key (slurm_partition, slurm_account, constraint,
-    slurm_extra, qos, ...) passes through to the executor unchanged.
+    slurm_extra, qos, ...) passes through to the executor unchanged. A job on several GPUs also
+    gets `nodes: 1` unless the config sets `nodes`: its processes are one node's (`torchrun
+    --standalone`, vLLM's tensor parallelism), and without it SLURM may split `--gpus` over nodes.
     """
     out = {}
-    for key in _resource_keys(rule_name):
+    keys = _resource_keys(rule_name)
+    if "nodes" not in keys:
+
+        def one_node(wildcards):
+            gpus = _resource_value(rule_name, model_of(wildcards) if model_of else None, "gpus")
+            return 1 if gpus and int(gpus) > 1 else None
+
+        out["nodes"] = one_node
+    for key in keys:
         name = {"gpus": "gpu", "cpus": "cpus_per_task"}.get(key, key)
 
         def value(wildcards, key=key):
