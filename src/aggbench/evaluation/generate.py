@@ -159,8 +159,11 @@ def format_prompts(
         from aggbench.evaluation.prompt_formats import get_prompt_format
 
         fmt = get_prompt_format(settings["prompt_format"])
-        # a format wraps the raw problem, or the benchmark's own user prompt (its prompt_template)
-        inputs = [str(r["prompt"]) if fmt.wraps == "problem" else spec.render_prompt(r) for r in records]
+        # a format wraps the raw problem, stripped as Qwen2.5-Math's parse_question returns it (one
+        # OlympiadBench problem starts with a newline), or the benchmark's own user prompt
+        inputs = [
+            str(r["prompt"]).strip() if fmt.wraps == "problem" else spec.render_prompt(r) for r in records
+        ]
         texts = [fmt.render(x) for x in inputs]
         return texts, [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     users = [spec.render_prompt(r) for r in records]
