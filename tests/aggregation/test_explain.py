@@ -266,6 +266,17 @@ def test_bad_rollouts_file_names_file_line_and_field(tmp_path, text, needles):
         assert f"{path}{needles[0].split(' ')[0]}" in result.output  # file:line
 
 
+def test_a_utf16_rollouts_file_says_so_and_to_save_it_as_utf8(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"group": 0, "length": 3, "reward": 1}\n', encoding="utf-16")  # PowerShell's `>`
+    result = run("explain", "--rollouts", str(path), ok=False)
+    assert result.exit_code == 2 and "'--rollouts'" in result.output, result.output
+    assert (
+        "not UTF-8 text (byte 1; it looks like UTF-16" in result.output
+        and "save it as UTF-8" in result.output
+    )
+
+
 def test_rollouts_excludes_inline_batch(tmp_path):
     path = _write(tmp_path, '{"group": 0, "length": 3, "reward": 1}\n')
     result = run("explain", "--rollouts", path, "--lengths", "3", ok=False)

@@ -185,6 +185,44 @@ def test_a_config_naming_neither_trainer_is_refused(tmp_path):
         read_config(tmp_path / "x.yaml")
 
 
+def test_a_launch_scripts_shell_variables_and_broken_files_are_named_not_tracebacks(tmp_path):
+    """What users' files hold: `key=$VAR` (a string to the parser), a YAML with a tab and an
+    apostrophe (neither YAML nor an override list). Each is an error naming the key or the problem."""
+    cases = [
+        (
+            "run.sh",
+            "MICRO_BS=4\npython3 -m verl.trainer.main_ppo \\\n"
+            "    actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean \\\n"
+            "    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$MICRO_BS\n",
+            r"micro-batch-size is '\$MICRO_BS', not an integer .*--micro-batch-size N",
+        ),
+        (
+            "scale.sh",
+            "python3 -m verl.trainer.main_ppo actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm "
+            "actor_rollout_ref.actor.loss_scale_factor=$L\n",
+            r"loss_scale_factor is '\$L', not an integer .*--loss-scale-factor N",
+        ),
+        (
+            "trl.yaml",
+            "loss_type: dr_grpo\nmax_completion_length: 1024\n\tbeta: 0.0\nrun_name: qwen's run\n",
+            "not valid YAML, and not a key=value override list either",
+        ),
+        (
+            "tab.yaml",
+            "loss_type: dr_grpo\n\tbeta: 0.0\n",
+            r"names no TRL or verl loss setting \(as YAML: .*line 2",
+        ),
+    ]
+    for name, text, message in cases:
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=message):
+            read_config(tmp_path / name)
+    out = CliRunner().invoke(
+        main, ["audit", "--config", str(tmp_path / "run.sh"), "--lengths", "2,3,1,6", "--rewards", "1,0,1,0"]
+    )
+    assert out.exit_code != 0 and "Traceback" not in out.output and "$MICRO_BS" in out.output, out.output
+
+
 # ----------------------------------------------------------------------------- the command
 
 

@@ -88,6 +88,16 @@ def test_unknown_yaml_keys_are_named_with_allowed_keys(tmp_path: Path) -> None:
     assert str(tmp_path / "math500.yaml") in msg
 
 
+def test_a_spec_that_is_not_utf8_is_a_spec_error_naming_the_file(tmp_path: Path) -> None:
+    text = (REPO / "configs/benchmarks/math500.yaml").read_text().replace("MATH-500", "MATH-500 (problèmes)")
+    path = tmp_path / "math500.yaml"
+    path.write_bytes(text.encode("latin-1"))  # an editor's Latin-1 save
+    with pytest.raises(
+        SpecError, match=r"math500.yaml: not UTF-8 text \(byte \d+ of the file\); save it as UTF-8"
+    ):
+        load_benchmark_spec(path)
+
+
 def test_metric_k_above_n_and_missing_answer_field_rejected(tmp_path: Path) -> None:
     text = (REPO / "configs/benchmarks/math500.yaml").read_text().replace("maj@4]", "maj@8]")
     with pytest.raises(SpecError, match=r"metric 'maj@8' needs k <= sampling.n \(4\)"):

@@ -233,6 +233,20 @@ def test_plan_block_inputs_and_errors(tmp_path):
     bad = _write_config(tmp_path, {"plan": {"mfu": {"updat": 0.3}}})
     out = runner.invoke(main, ["plan", str(bad)])
     assert out.exit_code != 0 and "plan.mfu" in out.output and "'updat'" in out.output
+    # a config that is not a decoder's config.json (generation_config.json), or a torn one: one line
+    (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": True, "top_p": 0.95}))
+    (tmp_path / "torn.json").write_text('{"hidden_size": 20')
+    for name, message in (
+        ("generation_config.json", "missing hidden_size"),
+        ("torn.json", "is not valid JSON"),
+    ):
+        given = {"models": {"tiny": {"source": "someorg/unknown-model"}}}
+        bad = _write_config(
+            tmp_path, {**given, "plan": {"models": {"tiny": {"config": str(tmp_path / name)}}}}
+        )
+        out = runner.invoke(main, ["plan", str(bad)])
+        assert out.exit_code == 1 and not isinstance(out.exception, ValueError), out.output
+        assert "plan.models.tiny.config: " in out.output and message in out.output, out.output
 
 
 # --------------------------------------------------------------------------- measured on CPU

@@ -184,3 +184,30 @@ def test_a_pilot_without_two_pairs_is_refused_naming_what_it_found(tmp_path):
     _cell(tmp_path, "token", 0, [HALF] * 5)
     code, out = _cli("--pilot", str(tmp_path), "--delta", "2")
     assert code != 0 and "1 pair(s) of 'sequence' and 'token'" in out and "at least 2" in out
+
+
+def test_a_pilot_copied_without_its_graded_files_or_with_torn_ones_is_one_error_naming_the_file(tmp_path):
+    """A pilot copied back from a cluster with only the small metrics files, or a torn one."""
+    for seed in range(2):
+        _cell(tmp_path, "sequence", seed, [HALF] * 5)
+        _cell(tmp_path, "token", seed, [ALL] + [HALF] * 4)
+    graded = tmp_path / "runs" / "tiny__tiny__token__s1" / "eval" / "step_8" / "tiny_test.jsonl"
+    good = graded.read_text()
+    cases = [
+        (None, "is missing: the sampling variance is computed from each evaluation's graded samples"),
+        ("", "no graded rows"),
+        (good.splitlines()[0] + "\n", "problem 'p0' has one graded sample"),
+        (good[:-9] + "\n", "line 20: not a graded row"),
+        ('{"id": "p0"}\n', "line 1: not a graded row (KeyError"),
+    ]
+    for text, message in cases:
+        graded.unlink(missing_ok=True)
+        if text is not None:
+            graded.write_text(text)
+        code, out = _cli("--pilot", str(tmp_path), "--delta", "2")
+        assert code == 1 and message in out and str(graded) in out and "Traceback" not in out, out
+    graded.write_text(good)
+    metrics = graded.with_name("tiny_test.metrics.json")
+    metrics.write_text('{"avg@4": 0.5}')
+    code, out = _cli("--pilot", str(tmp_path), "--delta", "2")
+    assert code == 1 and f"{metrics}: not a grade job's metrics (KeyError" in out, out

@@ -239,6 +239,17 @@ def test_report_detects_mismatch_between_files_and_mlflow(tmp_path):
     assert {m.step: m.value for m in history}[8] == 65.0
 
 
+def test_a_torn_metrics_json_is_one_error_line_in_report_as_in_ingest(tmp_path):
+    config = rf.make_grid(tmp_path)
+    run_cli(ingest_command, "--config", str(config), "--quiet")
+    f = tmp_path / "results" / "runs" / rf.cell_id("token", 0) / "eval" / "step_4" / "tiny_test.metrics.json"
+    f.write_text(f.read_text()[:-5])  # a write cut short
+    for command, args in ((report_command, ["--no-plots"]), (ingest_command, ["--quiet"])):
+        res = CliRunner().invoke(command, ["--config", str(config), *args])
+        assert res.exit_code == 1 and not isinstance(res.exception, ValueError), res.output
+        assert f"{f}: not valid JSON" in res.output and "re-run its grade job" in res.output, res.output
+
+
 def test_ingest_rejects_unknown_cell(tmp_path):
     config = rf.make_grid(tmp_path)
     res = run_cli(ingest_command, "--config", str(config), "--cell", "nope__s0", ok=False)

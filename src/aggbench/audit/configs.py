@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from aggbench.aggregation.explain import BatchInputError
+from aggbench.config_errors import yaml_problem
 
 _VERL_ACTOR = "actor_rollout_ref.actor."
 _TRL_KEYS = {"loss_type", "num_generations", "max_completion_length", "epsilon_high", "beta"}
@@ -49,9 +50,15 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _overrides(text: str) -> dict[str, Any]:
+def _overrides(text: str, path: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for token in shlex.split(text.replace("\\\n", " "), comments=True):
+    try:
+        tokens = shlex.split(text.replace("\\\n", " "), comments=True)
+    except ValueError as exc:  # an unclosed quote: shlex says "No closing quotation"
+        raise BatchInputError(
+            "--config", f"{path}: not valid YAML, and not a key=value override list either ({exc})"
+        ) from None
+    for token in tokens:
         key, eq, value = token.partition("=")
         if not eq or not key.lstrip("+~").replace(".", "").replace("_", "").isalnum():
             continue  # the command itself (python3 -m verl.trainer.main_ppo), flags
@@ -72,9 +79,46 @@ def read_config(path: str | Path) -> LossSetting:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:
         raise BatchInputError(where, f"{path}: not valid JSON ({exc})") from None
-    except yaml.YAMLError:
+    except yaml.YAMLError as exc:
         data = None  # a launch script's override list is rarely valid YAML
-    flat = _flatten(data) if isinstance(data, dict) else _overrides(text)
+        yaml_error = exc
+    else:
+        yaml_error = None
+    flat = _flatten(data) if isinstance(data, dict) else _overrides(text, path)
+    setting = _loss_setting(path, data, flat)
+    if setting is None:
+        why = (
+            f" (as YAML: {yaml_problem(yaml_error)})"
+            if yaml_error and path.suffix in (".yaml", ".yml")
+            else ""
+        )
+        raise BatchInputError(
+            where,
+            f"{path}: names no TRL or verl loss setting{why}; a TRL GRPOConfig file has top-level keys "
+            "such as loss_type, num_generations, max_completion_length; a verl config has "
+            "actor_rollout_ref.actor.loss_agg_mode (nested YAML or key=value overrides)",
+        )
+    _check_numbers(setting)
+    return setting
+
+
+def _check_numbers(setting: LossSetting) -> None:
+    """A launch script's ``key=$VAR`` reaches here as the string "$VAR": name the key and the fix."""
+    given = {"micro-batch-size": setting.micro_batch_size, **setting.settings}
+    for key, value in given.items():
+        integer = key in ("micro-batch-size", "max_completion_length", "loss_scale_factor")
+        ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+        if value is not None and (isinstance(value, bool) or not ok):
+            kind = "an integer" if integer else "a number"
+            flag = "--" + key.replace("_", "-")
+            raise BatchInputError(
+                "--config",
+                f"{setting.source}: {key} is {value!r}, not {kind} (a shell variable the script sets?); "
+                f"give it on the command line, {flag} N",
+            )
+
+
+def _loss_setting(path: Path, data: Any, flat: dict[str, Any]) -> LossSetting | None:
     verl = {k[len(_VERL_ACTOR) :]: v for k, v in flat.items() if k.startswith(_VERL_ACTOR)}
     if verl or any(k.startswith(("actor_rollout_ref.", "algorithm.", "data.")) for k in flat):
         settings = {}
@@ -96,9 +140,4 @@ def read_config(path: str | Path) -> LossSetting:
             data.get("per_device_train_batch_size"),
             f"{path} (TRL GRPOConfig)",
         )
-    raise BatchInputError(
-        where,
-        f"{path}: names no TRL or verl loss setting; a TRL GRPOConfig file has top-level keys such as "
-        "loss_type, num_generations, max_completion_length; a verl config has "
-        "actor_rollout_ref.actor.loss_agg_mode (nested YAML or key=value overrides)",
-    )
+    return None

@@ -103,43 +103,48 @@ def read_rollouts(path: str | Path) -> tuple[list[int], list[float], list[GroupL
     lengths: list[int] = []
     rewards: list[float] = []
     groups: list[GroupLabel] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BatchInputError("--rollouts", f"{where}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        utf16 = path.read_bytes()[:2] in (b"\xff\xfe", b"\xfe\xff")
+        hint = "; it looks like UTF-16, which Windows PowerShell's `>` writes" if utf16 else ""
+        raise BatchInputError(
+            "--rollouts", f"{path}: not UTF-8 text (byte {exc.start + 1}{hint}); save it as UTF-8"
+        ) from None
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BatchInputError("--rollouts", f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise BatchInputError("--rollouts", f"{where}: expected a JSON object, got {type(row).__name__}")
+        for key in ("group", "length", "reward"):
+            if key not in row:
                 raise BatchInputError(
-                    "--rollouts", f"{where}: expected a JSON object, got {type(row).__name__}"
+                    "--rollouts",
+                    f"{where}: missing field {key!r} (each line needs group, length, reward)",
                 )
-            for key in ("group", "length", "reward"):
-                if key not in row:
-                    raise BatchInputError(
-                        "--rollouts",
-                        f"{where}: missing field {key!r} (each line needs group, length, reward)",
-                    )
-            length, reward, group = row["length"], row["reward"], row["group"]
-            if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-                raise BatchInputError(
-                    "--rollouts", f"{where}: field 'length' must be an integer >= 0; got {length!r}"
-                )
-            if isinstance(reward, bool):
-                reward = float(reward)  # a verifiable reward stored as true/false
-            if not isinstance(reward, int | float) or not math.isfinite(reward):
-                raise BatchInputError(
-                    "--rollouts", f"{where}: field 'reward' must be a finite number; got {reward!r}"
-                )
-            if isinstance(group, bool) or not isinstance(group, int | str):
-                raise BatchInputError(
-                    "--rollouts", f"{where}: field 'group' must be an integer or a string; got {group!r}"
-                )
-            lengths.append(length)
-            rewards.append(float(reward))
-            groups.append(group)
+        length, reward, group = row["length"], row["reward"], row["group"]
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise BatchInputError(
+                "--rollouts", f"{where}: field 'length' must be an integer >= 0; got {length!r}"
+            )
+        if isinstance(reward, bool):
+            reward = float(reward)  # a verifiable reward stored as true/false
+        if not isinstance(reward, int | float) or not math.isfinite(reward):
+            raise BatchInputError(
+                "--rollouts", f"{where}: field 'reward' must be a finite number; got {reward!r}"
+            )
+        if isinstance(group, bool) or not isinstance(group, int | str):
+            raise BatchInputError(
+                "--rollouts", f"{where}: field 'group' must be an integer or a string; got {group!r}"
+            )
+        lengths.append(length)
+        rewards.append(float(reward))
+        groups.append(group)
     if not lengths:
         raise BatchInputError("--rollouts", f"{path}: no rollouts (the file has no non-blank lines)")
     return lengths, rewards, groups

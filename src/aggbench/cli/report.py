@@ -144,7 +144,8 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
     out = out or layout.tables_dir(results_dir(exp))
     uri = tracking_uri(exp)
     client = init_store(uri)
-    problems = verify(exp, client)
+    with click_error(ValueError):  # a torn run file: ingest's own message, which names it and the fix
+        problems = verify(exp, client)
     errors = [p for p in problems if p.is_error]
     for line in summarize([p for p in problems if not p.is_error])[:_SHOW]:
         click.echo(f"warning: {line}", err=True)
@@ -182,7 +183,8 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
         from aggbench.report.plots import plot_all
 
         plots = plot_all(col, out / "plots")
-        plots += plot_analysis(col, out / "plots", results_dir(exp))
+        with click_error(ValueError):  # it reads each cell's metrics.jsonl again
+            plots += plot_analysis(col, out / "plots", results_dir(exp))
     from aggbench.report.summary import log_summary
 
     run_id = log_summary(uri, exp["experiment"], paths, plots, greedy)

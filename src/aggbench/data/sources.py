@@ -210,6 +210,12 @@ def read_spec(cls: type[S], path: Path, *, kind: str, expect_name: str | None = 
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: invalid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"{path}: not UTF-8 text (byte {exc.start + 1} of the file); save it as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a mapping of keys at the top level")
     try:

@@ -189,24 +189,54 @@ def _score(run: Path, step: int, benchmark: str, metric: str | None) -> tuple[fl
     path = eval_metrics_file(run, step, benchmark)
     if not path.is_file():
         raise PowerError(f"{path} is missing: evaluate step {step} of {run.name}, or pass another --step")
-    m = json.loads(path.read_text())
-    k = int(m["n_samples"])
+    try:
+        m = json.loads(path.read_text())
+        k = int(m["n_samples"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PowerError(
+            f"{path}: not a grade job's metrics ({type(exc).__name__}: {exc}); re-run its grade job"
+        ) from None
     name = metric or f"avg@{k}"
     if name not in m:
         raise PowerError(f"{path}: no metric {name!r} (metrics: {', '.join(sorted(m))})")
-    per: dict[str, list[bool]] = {}
-    for line in path.with_name(f"{benchmark}.jsonl").read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            per.setdefault(str(row["id"]), []).append(bool(row["correct"]))
     if k < 2:
         var = 0.0  # one answer per problem: no within-problem estimate (the pilot's sd is all training)
     else:
+        per = _graded(path.with_name(f"{benchmark}.jsonl"))
         var = (
             sum(statistics.fmean(c) * (1 - statistics.fmean(c)) / (len(c) - 1) for c in per.values())
             / len(per) ** 2
         )
     return 100 * float(m[name]), 1e4 * var, k, name
+
+
+def _graded(path: Path) -> dict[str, list[bool]]:
+    """{problem id: each sample's correctness} from a grade job's graded file (k >= 2 per problem)."""
+    if not path.is_file():
+        raise PowerError(
+            f"{path} is missing: the sampling variance is computed from each evaluation's graded samples; "
+            f"copy eval/step_N/{path.name} from the pilot's results beside its metrics.json"
+        )
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError as exc:
+        raise PowerError(f"{path}: not UTF-8 text ({exc.reason}); re-run its grade job") from None
+    per: dict[str, list[bool]] = {}
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            per.setdefault(str(row["id"]), []).append(bool(row["correct"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PowerError(
+                f"{path} line {lineno}: not a graded row ({type(exc).__name__}: {exc}); re-run its grade job"
+            ) from None
+    short = [pid for pid, c in per.items() if len(c) < 2]
+    if not per or short:
+        what = "no graded rows" if not per else f"problem {short[0]!r} has one graded sample"
+        raise PowerError(f"{path}: {what}, where its metrics say several per problem; re-run its grade job")
+    return per
 
 
 def plan(
