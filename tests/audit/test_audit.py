@@ -205,7 +205,8 @@ def test_a_launch_scripts_shell_variables_and_broken_files_are_named_not_traceba
         (
             "trl.yaml",
             "loss_type: dr_grpo\nmax_completion_length: 1024\n\tbeta: 0.0\nrun_name: qwen's run\n",
-            "not valid YAML, and not a key=value override list either",
+            r"not valid YAML, and not a key=value override list either \(as YAML: .*line 3.*; as overrides: No "
+            "closing quotation",
         ),
         (
             "tab.yaml",
@@ -217,10 +218,22 @@ def test_a_launch_scripts_shell_variables_and_broken_files_are_named_not_traceba
         (tmp_path / name).write_text(text)
         with pytest.raises(ValueError, match=message):
             read_config(tmp_path / name)
-    out = CliRunner().invoke(
-        main, ["audit", "--config", str(tmp_path / "run.sh"), "--lengths", "2,3,1,6", "--rewards", "1,0,1,0"]
-    )
+    (tmp_path / "utf16.yaml").write_text("loss_type: dr_grpo\n", encoding="utf-16")
+    with pytest.raises(ValueError, match=r"utf16.yaml: not UTF-8 text \(byte 1\); save it as UTF-8"):
+        read_config(tmp_path / "utf16.yaml")
+    batch = ["--lengths", "2,3,1,6", "--rewards", "1,0,1,0"]
+    out = CliRunner().invoke(main, ["audit", "--config", str(tmp_path / "run.sh"), *batch])
     assert out.exit_code != 0 and "Traceback" not in out.output and "$MICRO_BS" in out.output, out.output
+    # the fix the message names: the command line gives the value, which replaces the file's
+    for name, flag in (("run.sh", "--micro-batch-size"), ("scale.sh", "--loss-scale-factor")):
+        out = CliRunner().invoke(main, ["audit", "--config", str(tmp_path / name), flag, "2", *batch])
+        assert out.exit_code == 0, out.output
+    assert (
+        "micro-batch size: 2"
+        in CliRunner()
+        .invoke(main, ["audit", "--config", str(tmp_path / "run.sh"), "--micro-batch-size", "2", *batch])
+        .output
+    )
 
 
 # ----------------------------------------------------------------------------- the command

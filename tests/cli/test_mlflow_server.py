@@ -93,6 +93,7 @@ def test_the_documented_server_accepts_the_login_nodes_name_and_without_allowed_
         (_, port, _), (_, bare, _) = servers
         assert _search(port, f"{LOGIN_NODE}:{port}") == 200
         assert _search(port, f"localhost:{port}") == 200  # `mlflow ui`-style use on the login node
+        assert _search(port, f"127.0.0.1:{port}") == 200
         assert _search(port, f"elsewhere.example.org:{port}") == 403  # still not open to every name
         assert _search(bare, f"{LOGIN_NODE}:{bare}") == 403  # what a server without the option says
         assert _search(bare, f"127.0.0.1:{bare}") == 200

@@ -205,6 +205,7 @@ def test_the_paper_selects_each_dataset_on_its_own_holdout(tmp_path: Path) -> No
     val, test = load_benchmark_spec("livecodebench_val"), load_benchmark_spec("livecodebench")
     assert val.date_window.end == test.date_window.start  # the three months before, no overlap
     assert val.prompt_template == test.prompt_template and val.hub.revision == test.hub.revision
+    assert val.hub.data_files == test.hub.data_files  # release_v5's files; each window keeps its rows
 
 
 @pytest.mark.parametrize(

@@ -247,6 +247,15 @@ def test_plan_block_inputs_and_errors(tmp_path):
         out = runner.invoke(main, ["plan", str(bad)])
         assert out.exit_code == 1 and not isinstance(out.exception, ValueError), out.output
         assert "plan.models.tiny.config: " in out.output and message in out.output, out.output
+    # a prepared model whose config.json is torn: the file, and how to mend it
+    prepared = tmp_path / "results" / "models" / "tiny"
+    prepared.mkdir(parents=True)
+    (prepared / "config.json").write_text('{"hidden_size": 20')
+    out = runner.invoke(
+        main, ["plan", str(_write_config(tmp_path, {"models": {"tiny": {"source": "someorg/x"}}}))]
+    )
+    assert out.exit_code == 1 and f"models.tiny: {prepared / 'config.json'} is not valid JSON" in out.output
+    assert "aggbench prepare-model ... --force) or set plan.models.tiny.config" in out.output, out.output
 
 
 # --------------------------------------------------------------------------- measured on CPU

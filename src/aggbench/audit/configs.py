@@ -50,15 +50,9 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _overrides(text: str, path: Path) -> dict[str, Any]:
+def _overrides(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    try:
-        tokens = shlex.split(text.replace("\\\n", " "), comments=True)
-    except ValueError as exc:  # an unclosed quote: shlex says "No closing quotation"
-        raise BatchInputError(
-            "--config", f"{path}: not valid YAML, and not a key=value override list either ({exc})"
-        ) from None
-    for token in tokens:
+    for token in shlex.split(text.replace("\\\n", " "), comments=True):
         key, eq, value = token.partition("=")
         if not eq or not key.lstrip("+~").replace(".", "").replace("_", "").isalnum():
             continue  # the command itself (python3 -m verl.trainer.main_ppo), flags
@@ -66,14 +60,19 @@ def _overrides(text: str, path: Path) -> dict[str, Any]:
     return out
 
 
-def read_config(path: str | Path) -> LossSetting:
-    """The loss setting of a TRL or verl config file (module docstring)."""
+def read_config(path: str | Path, given: frozenset[str] = frozenset()) -> LossSetting:
+    """The loss setting of a TRL or verl config file (module docstring). ``given``: the settings the
+    command line gives (``micro-batch-size``, ``loss_scale_factor``, ...), which replace the file's."""
     path = Path(path)
     where = "--config"
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise BatchInputError(where, f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise BatchInputError(
+            where, f"{path}: not UTF-8 text (byte {exc.start + 1}); save it as UTF-8"
+        ) from None
     data: Any
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
@@ -84,28 +83,34 @@ def read_config(path: str | Path) -> LossSetting:
         yaml_error = exc
     else:
         yaml_error = None
-    flat = _flatten(data) if isinstance(data, dict) else _overrides(text, path)
+    as_yaml = f"as YAML: {yaml_problem(yaml_error)}" if yaml_error else ""
+    try:
+        flat = _flatten(data) if isinstance(data, dict) else _overrides(text)
+    except ValueError as exc:  # shlex: an unclosed quote ("No closing quotation")
+        raise BatchInputError(
+            where,
+            f"{path}: not valid YAML, and not a key=value override list either ({as_yaml}; as overrides: {exc})",
+        ) from None
     setting = _loss_setting(path, data, flat)
     if setting is None:
-        why = (
-            f" (as YAML: {yaml_problem(yaml_error)})"
-            if yaml_error and path.suffix in (".yaml", ".yml")
-            else ""
-        )
+        why = f" ({as_yaml})" if as_yaml and path.suffix in (".yaml", ".yml") else ""
         raise BatchInputError(
             where,
             f"{path}: names no TRL or verl loss setting{why}; a TRL GRPOConfig file has top-level keys "
             "such as loss_type, num_generations, max_completion_length; a verl config has "
             "actor_rollout_ref.actor.loss_agg_mode (nested YAML or key=value overrides)",
         )
-    _check_numbers(setting)
+    _check_numbers(setting, given)
     return setting
 
 
-def _check_numbers(setting: LossSetting) -> None:
-    """A launch script's ``key=$VAR`` reaches here as the string "$VAR": name the key and the fix."""
-    given = {"micro-batch-size": setting.micro_batch_size, **setting.settings}
-    for key, value in given.items():
+def _check_numbers(setting: LossSetting, given: frozenset[str]) -> None:
+    """A launch script's ``key=$VAR`` reaches here as the string "$VAR": name the key and the fix
+    (unless the command line gives that setting, which replaces it)."""
+    values = {"micro-batch-size": setting.micro_batch_size, **setting.settings}
+    for key, value in values.items():
+        if key in given:
+            continue
         integer = key in ("micro-batch-size", "max_completion_length", "loss_scale_factor")
         ok = isinstance(value, int) if integer else isinstance(value, (int, float))
         if value is not None and (isinstance(value, bool) or not ok):

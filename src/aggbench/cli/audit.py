@@ -135,13 +135,16 @@ def command(configs: tuple[Path, ...], micro_batch_size: int | None, fmt: str, *
     """
     given = {k: kw.pop(k) for k in _SETTINGS}
     chosen = [kw.pop(opt) for opt in _MODE_OPTIONS]
+    # what the command line gives replaces the config files' values (a launch script's `$VAR` too)
+    on_command_line = {k for k, v in given.items() if v is not None}
+    on_command_line |= {"micro-batch-size"} if micro_batch_size is not None else set()
     try:
         batch = read_batch(**kw, example=_EXAMPLE)
         settings = [
             LossSetting(lib, name, source=f"--{opt.replace('_', '-')}")
             for (opt, lib), names in zip(_MODE_OPTIONS.items(), chosen, strict=True)
             for name in names
-        ] + [read_config(p) for p in configs]
+        ] + [read_config(p, frozenset(on_command_line)) for p in configs]
         if not settings:
             raise click.UsageError(
                 f"give a loss setting (--trl-loss-type, ... or --config). Example: {_EXAMPLE}"

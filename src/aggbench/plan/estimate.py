@@ -106,18 +106,18 @@ def settings(exp: dict) -> tuple[dict[str, Any], list[str]]:
     return out, assumed
 
 
-def _read_shape(path: Path, key: str) -> cm.ModelShape:
-    """``cm.ModelShape.from_file`` with its bad-input errors as one GridError naming ``key``."""
+def _read_shape(path: Path, key: str, fix: str) -> cm.ModelShape:
+    """``cm.ModelShape.from_file`` with its bad-input errors as one GridError naming ``key``, the
+    file and ``fix``."""
     import json
 
+    file = path / "config.json" if path.is_dir() else path
     try:
         return cm.ModelShape.from_file(path)
     except json.JSONDecodeError as exc:
-        raise GridError(
-            f"{key}: {path} is not valid JSON ({exc}); point it at the model's config.json"
-        ) from None
+        raise GridError(f"{key}: {file} is not valid JSON ({exc}); {fix}") from None
     except ValueError as exc:  # a config.json without a decoder's fields (the message names them)
-        raise GridError(f"{key}: {exc}") from None
+        raise GridError(f"{key}: {exc}; {fix}") from None
 
 
 def model_shape(exp: dict, name: str, plan: dict) -> tuple[cm.ModelShape, str]:
@@ -132,14 +132,16 @@ def model_shape(exp: dict, name: str, plan: dict) -> tuple[cm.ModelShape, str]:
             raise GridError(
                 f"plan.models.{name}.config: {override!r} is not a config.json or a model directory"
             )
-        return _read_shape(path, f"plan.models.{name}.config"), f"{override} (plan.models.{name}.config)"
+        shape = _read_shape(path, f"plan.models.{name}.config", "point it at the model's config.json")
+        return shape, f"{override} (plan.models.{name}.config)"
     candidates = []
     if m.get("path"):
         candidates.append(Path(m["source"]))
     candidates.append(layout.model_dir(exp.get("results_dir", "results"), name))
     for directory in candidates:
         if (directory / "config.json").is_file():
-            return _read_shape(directory, f"models.{name}"), str(directory / "config.json")
+            fix = f"prepare the model again (aggbench prepare-model ... --force) or set plan.models.{name}.config"
+            return _read_shape(directory, f"models.{name}", fix), str(directory / "config.json")
     if m["source"] == "tiny":
         return cm.tiny_shape(), "built-in tiny model (aggbench.tiny.model.MODEL_SHAPE)"
     if m["source"] in cm.BUILTIN_SHAPES:
