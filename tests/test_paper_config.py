@@ -95,7 +95,8 @@ def test_evaluation_sampling_and_model_choices_name_their_sources():
         assert (spec["temperature"], spec["top_p"]) == (0.6, 0.95), bench
         before = text[: text.index("\nsampling:")].splitlines()[-2:]
         assert "Sampling source" in before[0] and "DeepSeek-R1" in before[0], bench
-        assert "unknown" in before[1], bench
+        assert "n and max_tokens [assumed]" in before[0], bench  # neither comes from the paper
+        assert "unknown" in before[1] and f"{spec['max_tokens']} tokens here" in before[1], bench
     assert "Evaluation sampling is each benchmark's YAML" in raw
     # Qwen3-1.7B: the post-trained model in non-thinking mode, both choices labelled
     q3 = exp["models"]["qwen3-1.7b"]
