@@ -197,12 +197,16 @@ def test_a_pilot_copied_without_its_graded_files_or_with_torn_ones_is_one_error_
         (None, "is missing: the sampling variance is computed from each evaluation's graded samples"),
         ("", "no graded rows"),
         (good.splitlines()[0] + "\n", "problem 'p0' has one graded sample"),
-        (good[:-9] + "\n", "line 20: not a graded row"),
-        ('{"id": "p0"}\n', "line 1: not a graded row (KeyError"),
+        (good[:-9] + "\n", f"{graded}:20: invalid JSON"),
+        ('{"id": "p0"}\n', f"{graded}:1: field 'correct': missing"),
+        ("[1, 2]\n", f"{graded}:1: expected a JSON object"),
+        (good.encode("utf-16"), f"{graded}:1: not UTF-8 text"),
     ]
     for text, message in cases:
         graded.unlink(missing_ok=True)
-        if text is not None:
+        if isinstance(text, bytes):
+            graded.write_bytes(text)
+        elif text is not None:
             graded.write_text(text)
         code, out = _cli("--pilot", str(tmp_path), "--delta", "2")
         assert code == 1 and message in out and str(graded) in out and "Traceback" not in out, out

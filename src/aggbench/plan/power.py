@@ -217,21 +217,16 @@ def _graded(path: Path) -> dict[str, list[bool]]:
             f"{path} is missing: the sampling variance is computed from each evaluation's graded samples; "
             f"copy eval/step_N/{path.name} from the pilot's results beside its metrics.json"
         )
-    try:
-        lines = path.read_text().splitlines()
-    except UnicodeDecodeError as exc:
-        raise PowerError(f"{path}: not UTF-8 text ({exc.reason}); re-run its grade job") from None
+    # Lazy: the aggbench.data package imports pydantic, which `power --sd` never needs.
+    from aggbench.data.jsonl import DataError, get_field, iter_jsonl
+
     per: dict[str, list[bool]] = {}
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            per.setdefault(str(row["id"]), []).append(bool(row["correct"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PowerError(
-                f"{path} line {lineno}: not a graded row ({type(exc).__name__}: {exc}); re-run its grade job"
-            ) from None
+    try:  # iter_jsonl names the file and line for bytes that are not UTF-8, bad JSON and non-objects
+        for lineno, row in iter_jsonl(path):
+            correct = get_field(row, "correct", where=path, line=lineno)
+            per.setdefault(str(get_field(row, "id", where=path, line=lineno)), []).append(bool(correct))
+    except DataError as exc:
+        raise PowerError(f"{exc}; not a grade job's graded file: re-run its grade job") from None
     short = [pid for pid, c in per.items() if len(c) < 2]
     if not per or short:
         what = "no graded rows" if not per else f"problem {short[0]!r} has one graded sample"
