@@ -50,6 +50,24 @@ def test_config_errors_name_the_field(tmp_path):
         )
 
 
+def test_a_cell_or_experiment_config_that_is_not_utf8_says_where_and_the_fix(tmp_path):
+    """Both are read by config_errors.read_yaml_mapping: an editor's Latin-1 save names the byte."""
+    from aggbench.grid import GridError, load_experiment
+
+    cell = write_cell(tmp_path / "cell.yaml", tmp_path / "model", tmp_path / "data.jsonl")
+    cell.write_bytes(cell.read_bytes() + "# réglages\n".encode("latin-1"))
+    with pytest.raises(
+        ConfigError, match=r"config file .*cell.yaml: not UTF-8 text \(byte 0xe9 at byte \d+ of "
+    ):
+        load_train_config(cell)
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(SMOKE.read_text(), encoding="utf-16")
+    with pytest.raises(
+        GridError, match=r"exp.yaml: not UTF-8 text \(byte 0xff at byte 1 .*it looks like UTF-16"
+    ):
+        load_experiment(exp)
+
+
 def test_eval_steps_beyond_the_run_are_refused(tmp_path):
     cell = bare_cell(tmp_path)
     with pytest.raises(ConfigError) as err:

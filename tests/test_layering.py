@@ -67,7 +67,8 @@ ALLOWED: dict[str, set[str]] = {
     "evaluation/": {"data/", "devices", "files", "graders", "grading/", "modeldir", "prompts", "rollout/"}
     | {"environment", "errors", "layout", "metric_names", "registry", "seeds", "tiny/", "tracking"},
     # other trainers' loss modes as weights (aggbench audit): the rules and explain's batch
-    "audit/": {"aggregation/", "config_errors", "registry"},  # config_errors: a bad config's YAML problem
+    # config_errors: a bad config's YAML problem; errors: its not-UTF-8 one
+    "audit/": {"aggregation/", "config_errors", "errors", "registry"},
     # adapters for other trainers: the rules, nothing of aggbench's trainer; the monitors read the
     # other trainers' modes (audit/) and may log to MLflow through tracking's public API
     "integrations/": {"aggregation/", "audit/", "errors", "tracking"},

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from aggbench.errors import InputError
+from aggbench.errors import InputError, not_utf8
 
 
 class ConfigError(InputError, ValueError):
@@ -74,7 +74,7 @@ def read_yaml_mapping(path: Path, *, what: str, error: type[Exception]) -> dict:
     except IsADirectoryError:
         raise error(f"{what} {path} is a directory, not a YAML file") from None
     except UnicodeDecodeError as exc:
-        raise error(f"{what} {path} is not UTF-8 text ({exc})") from None
+        raise error(f"{what} {path}: {not_utf8(exc)}") from None
     except yaml.YAMLError as exc:
         raise error(f"{what} {path} is not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(data, dict):

@@ -272,7 +272,8 @@ def test_a_utf16_rollouts_file_says_so_and_to_save_it_as_utf8(tmp_path):
     result = run("explain", "--rollouts", str(path), ok=False)
     assert result.exit_code == 2 and "'--rollouts'" in result.output, result.output
     assert (
-        "not UTF-8 text (byte 1; it looks like UTF-16" in result.output
+        "not UTF-8 text (byte 0xff at byte 1 of the file; it looks like UTF-16, which Windows PowerShell's `>` writes)"
+        in result.output
         and "save it as UTF-8" in result.output
     )
 

@@ -219,7 +219,10 @@ def test_a_launch_scripts_shell_variables_and_broken_files_are_named_not_traceba
         with pytest.raises(ValueError, match=message):
             read_config(tmp_path / name)
     (tmp_path / "utf16.yaml").write_text("loss_type: dr_grpo\n", encoding="utf-16")
-    with pytest.raises(ValueError, match=r"utf16.yaml: not UTF-8 text \(byte 1\); save it as UTF-8"):
+    with pytest.raises(
+        ValueError,
+        match=r"utf16.yaml: not UTF-8 text \(byte 0xff at byte 1 of the file; it looks like UTF-16",
+    ):
         read_config(tmp_path / "utf16.yaml")
     batch = ["--lengths", "2,3,1,6", "--rewards", "1,0,1,0"]
     out = CliRunner().invoke(main, ["audit", "--config", str(tmp_path / "run.sh"), *batch])

@@ -93,7 +93,8 @@ def test_a_spec_that_is_not_utf8_is_a_spec_error_naming_the_file(tmp_path: Path)
     path = tmp_path / "math500.yaml"
     path.write_bytes(text.encode("latin-1"))  # an editor's Latin-1 save
     with pytest.raises(
-        SpecError, match=r"math500.yaml: not UTF-8 text \(byte \d+ of the file\); save it as UTF-8"
+        SpecError,
+        match=r"math500.yaml: not UTF-8 text \(byte 0xe8 at byte \d+ of the file\); save it as UTF-8",
     ):
         load_benchmark_spec(path)
 

@@ -94,10 +94,10 @@ def test_a_utf16_input_is_named_not_utf8(tmp_path):
     result = grade("math", src, tmp_path / "out.jsonl")
     assert result.exit_code == 1, result.output
     assert (
-        f"Error: {src}:1: not UTF-8 text (byte 0xff at byte 1 of the line; it looks like UTF-16)"
+        f"Error: {src}:1: not UTF-8 text (byte 0xff at byte 1 of the line; it looks like UTF-16, which Windows PowerShell's `>` writes)"
         in result.output
     )
-    assert "save the file as UTF-8" in result.output
+    assert "save it as UTF-8" in result.output
 
 
 def test_a_latin1_byte_far_into_the_file_names_its_line(tmp_path):

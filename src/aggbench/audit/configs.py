@@ -24,6 +24,7 @@ import yaml
 
 from aggbench.aggregation.explain import BatchInputError
 from aggbench.config_errors import yaml_problem
+from aggbench.errors import not_utf8
 
 _VERL_ACTOR = "actor_rollout_ref.actor."
 _TRL_KEYS = {"loss_type", "num_generations", "max_completion_length", "epsilon_high", "beta"}
@@ -70,9 +71,7 @@ def read_config(path: str | Path, given: frozenset[str] = frozenset()) -> LossSe
     except OSError as exc:
         raise BatchInputError(where, f"{path}: cannot read ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
-        raise BatchInputError(
-            where, f"{path}: not UTF-8 text (byte {exc.start + 1}); save it as UTF-8"
-        ) from None
+        raise BatchInputError(where, f"{path}: {not_utf8(exc)}") from None
     data: Any
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)

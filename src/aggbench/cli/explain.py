@@ -26,6 +26,7 @@ from aggbench.aggregation.explain import (
     make_batch,
     to_json,
 )
+from aggbench.errors import not_utf8
 from aggbench.registry import RegistryError, did_you_mean, load_plugins
 from aggbench.report.explain_render import format_table, plot
 
@@ -106,11 +107,7 @@ def read_rollouts(path: str | Path) -> tuple[list[int], list[float], list[GroupL
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        utf16 = path.read_bytes()[:2] in (b"\xff\xfe", b"\xfe\xff")
-        hint = "; it looks like UTF-16, which Windows PowerShell's `>` writes" if utf16 else ""
-        raise BatchInputError(
-            "--rollouts", f"{path}: not UTF-8 text (byte {exc.start + 1}{hint}); save it as UTF-8"
-        ) from None
+        raise BatchInputError("--rollouts", f"{path}: {not_utf8(exc)}") from None
     for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue

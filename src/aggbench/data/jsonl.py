@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from aggbench.errors import InputError
+from aggbench.errors import InputError, not_utf8
 
 
 class DataError(InputError, ValueError):
@@ -66,15 +66,7 @@ def _not_utf8(path: Path, first: int) -> DataError:
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                byte = raw[exc.start : exc.start + 1].hex()
-                hint = "; it looks like UTF-16" if raw.startswith((b"\xff\xfe", b"\xfe\xff")) else ""
-                return DataError(
-                    path,
-                    lineno,
-                    None,
-                    f"not UTF-8 text (byte 0x{byte} at byte {exc.start + 1} of the line{hint}); "
-                    "save the file as UTF-8",
-                )
+                return DataError(path, lineno, None, not_utf8(exc, of="the line"))
     return DataError(path, None, None, "not UTF-8 text; save the file as UTF-8")
 
 

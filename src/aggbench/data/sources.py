@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from aggbench.errors import InputError
+from aggbench.errors import InputError, not_utf8
 from aggbench.graders import GraderSpec, get_grader, grader_names
 from aggbench.registry import did_you_mean
 
@@ -211,9 +211,7 @@ def read_spec(cls: type[S], path: Path, *, kind: str, expect_name: str | None = 
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: invalid YAML: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise SpecError(
-            f"{path}: not UTF-8 text (byte {exc.start + 1} of the file); save it as UTF-8"
-        ) from None
+        raise SpecError(f"{path}: {not_utf8(exc)}") from None
     except OSError as exc:
         raise SpecError(f"{path}: cannot read ({exc.strerror})") from None
     if not isinstance(data, dict):
