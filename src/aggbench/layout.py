@@ -104,6 +104,11 @@ def is_base_dir(run: str | Path) -> bool:
     return Path(run).resolve().parent.name == BASE
 
 
+def mlflow_db(results: str | Path) -> Path:
+    """The embedded MLflow store of a results directory (SQLite; used when no tracking_uri is set)."""
+    return Path(results) / "mlflow.db"
+
+
 def tables_dir(results: str | Path) -> Path:
     return Path(results) / "tables"
 

@@ -129,7 +129,9 @@ def resolve_tracking_uri(configured: str | None, run_dir: Path) -> str:
         return configured
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
-    return f"sqlite:///{results_root(run_dir) / 'mlflow.db'}"
+    from aggbench.layout import mlflow_db
+
+    return f"sqlite:///{mlflow_db(results_root(run_dir))}"
 
 
 def _transient(exc: Exception) -> bool:

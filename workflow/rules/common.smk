@@ -297,7 +297,7 @@ def local_store():
     sqlite:/// tracking_uri), else None (a tracking server: not a file of this workflow)."""
     uri = config.get("tracking_uri") or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
-        return f"{R}/mlflow.db"
+        return str(layout.mlflow_db(R))
     return uri[len("sqlite:///") :] if uri.startswith("sqlite:///") else None
 
 

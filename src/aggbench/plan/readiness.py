@@ -17,7 +17,7 @@ def readiness_warnings(exp: dict, *, cluster: bool, config: str = "CONFIG") -> l
     out, root = [], results_dir(exp)
     if cluster and exp.get("tracking_uri") is None and not os.environ.get("MLFLOW_TRACKING_URI"):
         out.append(
-            f"tracking_uri is null, so every job would write one SQLite file, {root / 'mlflow.db'}, on a "
+            f"tracking_uri is null, so every job would write one SQLite file, {layout.mlflow_db(root)}, on a "
             "shared filesystem, whose locks are unsafe across nodes: start an MLflow server on the login "
             "node (with --allowed-hosts naming LOGIN-NODE:5000: MLflow answers 403 to any other host "
             "name than localhost's and private IPs') and set tracking_uri: http://LOGIN-NODE:5000 (or "
