@@ -236,9 +236,14 @@ def test_plan_block_inputs_and_errors(tmp_path):
     # a config that is not a decoder's config.json (generation_config.json), or a torn one: one line
     (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": True, "top_p": 0.95}))
     (tmp_path / "torn.json").write_text('{"hidden_size": 20')
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "latin1.json").write_bytes('{"model_type": "qwen2", "name": "modèle"}'.encode("latin-1"))
     for name, message in (
         ("generation_config.json", "missing hidden_size"),
         ("torn.json", "is not valid JSON"),
+        ("list.json", "expected a JSON object, got list"),
+        ("latin1.json", "not UTF-8 text (byte 0xe8 at byte "),
+        ("nowhere", "nowhere does not exist (expected a model's config.json); point it at a model's"),
     ):
         given = {"models": {"tiny": {"source": "someorg/unknown-model"}}}
         bad = _write_config(

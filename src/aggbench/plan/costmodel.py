@@ -60,6 +60,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from aggbench.errors import InputError, not_utf8
+
 GIB = 1024**3
 PRECISIONS = ("bf16", "fp32")
 
@@ -69,6 +71,10 @@ def _act_bytes(precision: str) -> int:
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: the cost model knows {', '.join(PRECISIONS)}")
     return 2 if precision == "bf16" else 4
+
+
+class ShapeError(InputError, ValueError):
+    """A model config.json the cost model cannot read: missing, not UTF-8, not JSON, not a decoder's."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,8 @@ class ModelShape:
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any], where: str = "config.json") -> ModelShape:
         """From a Hugging Face config dict (Llama, Qwen2, Qwen3 and alike); names the missing key."""
+        if not isinstance(cfg, dict):
+            raise ShapeError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
         cfg = cfg.get("text_config", cfg)
         missing = [
             k
@@ -103,7 +111,7 @@ class ModelShape:
             if k not in cfg
         ]
         if missing:
-            raise ValueError(
+            raise ShapeError(
                 f"{where}: missing {', '.join(missing)}; aggbench plan needs a decoder-only "
                 "config.json (Llama, Qwen2, Qwen3)"
             )
@@ -125,14 +133,26 @@ class ModelShape:
         )
 
     @classmethod
-    def from_file(cls, path: str | Path) -> ModelShape:
-        """From a config.json, or a model directory holding one."""
+    def from_file(cls, path: str | Path, *, key: str = "", fix: str = "") -> ModelShape:
+        """From a config.json, or a model directory holding one. A file that is missing, not UTF-8,
+        not JSON or not a decoder's config raises :class:`ShapeError` naming it, after ``key`` (the
+        setting that pointed here) and before ``fix`` (what to do) when they are given."""
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist (expected a model's config.json)")
-        return cls.from_hf_config(json.loads(path.read_text()), str(path))
+        try:
+            if not path.is_file():
+                raise ShapeError(f"{path} does not exist (expected a model's config.json)")
+            try:
+                cfg = json.loads(path.read_text(encoding="utf-8"))
+            except UnicodeDecodeError as exc:
+                raise ShapeError(f"{path}: {not_utf8(exc)}") from None
+            except json.JSONDecodeError as exc:
+                raise ShapeError(f"{path} is not valid JSON ({exc})") from None
+            return cls.from_hf_config(cfg, str(path))
+        except ShapeError as exc:
+            message = f"{key}: {exc}" if key else str(exc)
+            raise ShapeError(f"{message}; {fix}" if fix else message) from None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

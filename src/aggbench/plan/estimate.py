@@ -106,20 +106,6 @@ def settings(exp: dict) -> tuple[dict[str, Any], list[str]]:
     return out, assumed
 
 
-def _read_shape(path: Path, key: str, fix: str) -> cm.ModelShape:
-    """``cm.ModelShape.from_file`` with its bad-input errors as one GridError naming ``key``, the
-    file and ``fix``."""
-    import json
-
-    file = path / "config.json" if path.is_dir() else path
-    try:
-        return cm.ModelShape.from_file(path)
-    except json.JSONDecodeError as exc:
-        raise GridError(f"{key}: {file} is not valid JSON ({exc}); {fix}") from None
-    except ValueError as exc:  # a config.json without a decoder's fields (the message names them)
-        raise GridError(f"{key}: {exc}; {fix}") from None
-
-
 def model_shape(exp: dict, name: str, plan: dict) -> tuple[cm.ModelShape, str]:
     """The model's architecture and where it came from, first found of: plan.models.NAME.config,
     a local model directory (path: true), the prepared model under results_dir, the built-in tiny
@@ -127,21 +113,18 @@ def model_shape(exp: dict, name: str, plan: dict) -> tuple[cm.ModelShape, str]:
     m = exp["models"][name]
     override = (plan["models"].get(name) or {}).get("config")
     if override:
-        path = Path(override)
-        if not (path / "config.json" if path.is_dir() else path).is_file():
-            raise GridError(
-                f"plan.models.{name}.config: {override!r} is not a config.json or a model directory"
-            )
-        shape = _read_shape(path, f"plan.models.{name}.config", "point it at the model's config.json")
+        shape = cm.ModelShape.from_file(
+            override, key=f"plan.models.{name}.config", fix="point it at a model's config.json or directory"
+        )
         return shape, f"{override} (plan.models.{name}.config)"
     candidates = []
     if m.get("path"):
         candidates.append(Path(m["source"]))
     candidates.append(layout.model_dir(exp.get("results_dir", "results"), name))
-    for directory in candidates:
-        if (directory / "config.json").is_file():
+    for config in (directory / "config.json" for directory in candidates):
+        if config.is_file():
             fix = f"prepare the model again (aggbench prepare-model ... --force) or set plan.models.{name}.config"
-            return _read_shape(directory, f"models.{name}", fix), str(directory / "config.json")
+            return cm.ModelShape.from_file(config, key=f"models.{name}", fix=fix), str(config)
     if m["source"] == "tiny":
         return cm.tiny_shape(), "built-in tiny model (aggbench.tiny.model.MODEL_SHAPE)"
     if m["source"] in cm.BUILTIN_SHAPES:
