@@ -117,16 +117,20 @@ HALF = [True, True, False, False]  # a problem answered right 2 of 4 times
 ALL, ONE = [True] * K, [True, False, False, False]
 
 
-def _cell(results, rule: str, seed: int, correct: list[list[bool]], step: int = 8) -> None:
+def _cell(
+    results, rule: str, seed: int, correct: list[list[bool]], step: int = 8, model: str = "tiny"
+) -> None:
     """A cell's graded file and metrics at ``step``: correct[problem][sample]."""
-    run = results / "runs" / f"tiny__tiny__{rule}__s{seed}" / "eval" / f"step_{step}"
+    run = results / "runs" / f"{model}__tiny__{rule}__s{seed}" / "eval" / f"step_{step}"
     run.mkdir(parents=True)
     rows = [
         {"id": f"p{i}", "sample": j, "correct": c} for i, cs in enumerate(correct) for j, c in enumerate(cs)
     ]
     (run / "tiny_test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     avg = sum(r["correct"] for r in rows) / len(rows)
-    (run / "tiny_test.metrics.json").write_text(json.dumps({"n_samples": K, f"avg@{K}": avg}))
+    passed = sum(any(cs) for cs in correct) / len(correct)
+    metrics = {"n_samples": K, f"avg@{K}": avg, f"pass@{K}": passed}
+    (run / "tiny_test.metrics.json").write_text(json.dumps(metrics))
 
 
 def _sampling_var(correct: list[list[bool]]) -> float:
@@ -177,6 +181,76 @@ def test_a_pilot_whose_spread_sampling_explains_has_no_training_part(tmp_path):
     p = pilot(tmp_path, "sequence", "token", "tiny_test")
     assert p.sd**2 < p.sd_eval**2 and p.sd_train == 0.0
     assert p.sd_at(100 * K) == pytest.approx(p.sd_eval / 10)
+
+
+def _token(up: int, down: int = 0, problems: int = 20) -> list[list[bool]]:
+    """Token's answers against sequence's [HALF] * problems: +2.5 points per ``up``, -1.25 per ``down``."""
+    return [ALL] * up + [ONE] * down + [HALF] * (problems - up - down)
+
+
+def test_a_pilot_over_several_settings_pools_the_sd_within_each(tmp_path):
+    """Two settings whose token - sequence means differ by design (+20 and -20 points, each +-5 over
+    its seeds): the sd is the within-setting one (5), not the 20-point spread between settings."""
+    for seed, up in enumerate((8, 10, 6)):
+        _cell(tmp_path, "sequence", seed, [HALF] * 20, model="pos")
+        _cell(tmp_path, "token", seed, _token(up), model="pos")
+        _cell(tmp_path, "sequence", seed, [HALF] * 20, model="neg")
+        _cell(tmp_path, "token", seed, _token(0, 2 * up), model="neg")
+    p = pilot(tmp_path, "sequence", "token", "tiny_test")
+    assert sorted(p.differences.values()) == pytest.approx([-25, -20, -15, 15, 20, 25])
+    assert p.settings == 2 and p.sd == pytest.approx(5.0)  # pooled: sqrt((50 + 50) / (6 - 2))
+    assert np.std(list(p.differences.values()), ddof=1) > 20  # what mixing the settings would give
+    code, out = _cli("--pilot", str(tmp_path), "--delta", "2")
+    assert code == 0 and "sd 5 points (pooled within 2 model x dataset settings)" in out, out
+    code, out = _cli("--pilot", str(tmp_path), "--delta", "2", "--format", "json")
+    assert json.loads(out)["pilot"]["setting_means"] == pytest.approx({"neg__tiny": -20.0, "pos__tiny": 20.0})
+    # one seed per setting: no within-setting spread to take
+    one = tmp_path / "one"
+    for model in ("pos", "neg"):
+        _cell(one, "sequence", 0, [HALF] * 20, model=model)
+        _cell(one, "token", 0, _token(8), model=model)
+    code, out = _cli("--pilot", str(one), "--delta", "2")
+    assert code == 1 and "each model x dataset setting has one pair (neg__tiny, pos__tiny)" in out, out
+
+
+def test_a_pilot_reads_every_pair_at_the_latest_step_all_of_them_evaluated(tmp_path):
+    """Seeds 0 and 1 go on to step 12 (token +20 there), seed 2 stops at step 4: every pair is read at
+    step 4, not seeds 0-1 at 12 and seed 2 at 4."""
+    for seed, up in enumerate((2, -2, 4)):
+        _cell(tmp_path, "sequence", seed, [HALF] * 20, step=4)
+        _cell(tmp_path, "token", seed, _token(max(up, 0), max(-2 * up, 0)), step=4)
+        if seed < 2:
+            _cell(tmp_path, "sequence", seed, [HALF] * 20, step=12)
+            _cell(tmp_path, "token", seed, _token(8), step=12)
+    p = pilot(tmp_path, "sequence", "token", "tiny_test")
+    assert p.step == 4 and p.differences == pytest.approx(
+        {"tiny__tiny__s0": 5.0, "tiny__tiny__s1": -5.0, "tiny__tiny__s2": 10.0}
+    )
+    assert pilot(tmp_path, "sequence", "token", "tiny_test", step=4) == p
+    late = tmp_path / "runs" / "tiny__tiny__token__s2" / "eval"
+    late.joinpath("step_4").rename(late / "step_6")  # seed 2's token cell evaluated at 6 only
+    code, out = _cli("--pilot", str(tmp_path), "--delta", "2")
+    assert code == 1 and "no step at which every pilot cell evaluated 'tiny_test'" in out, out
+    assert "tiny__tiny__token__s2 6" in out and "pass --step" in out
+
+
+def test_a_pilot_of_pass_at_k_is_not_split_into_training_and_sampling(tmp_path):
+    """The graded rows give avg@k's binomial sampling variance, not pass@k's: the pilot's sd stays
+    whole and --samples (which rescales the sampling part) is refused."""
+    for seed, up in enumerate((8, 2, 14)):
+        _cell(tmp_path, "sequence", seed, [HALF] * 20)
+        _cell(tmp_path, "token", seed, [[False] * K] * up + [HALF] * (20 - up))
+    p = pilot(tmp_path, "sequence", "token", "tiny_test", metric=f"pass@{K}")
+    assert p.differences == pytest.approx(
+        {"tiny__tiny__s0": -40.0, "tiny__tiny__s1": -10.0, "tiny__tiny__s2": -70.0}
+    )
+    assert p.sd_eval is None and p.sd_train is None and p.sd_at(K) == p.sd
+    with pytest.raises(PowerError, match="for avg@k only, not pass@4"):
+        p.sd_at(4 * K)
+    code, out = _cli("--pilot", str(tmp_path), "--metric", f"pass@{K}", "--delta", "2")
+    assert code == 0 and "not split into training and sampling" in out and "by answers per problem" not in out
+    code, out = _cli("--pilot", str(tmp_path), "--metric", f"pass@{K}", "--delta", "2", "--samples", "16")
+    assert code == 1 and "for avg@k only, not pass@4" in out, out
 
 
 def test_a_pilot_without_two_pairs_is_refused_naming_what_it_found(tmp_path):

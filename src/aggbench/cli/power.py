@@ -62,7 +62,7 @@ def command(
         out = pw.plan(sd=sd, alpha=alpha, power=target, delta=delta, n=n)
         # seeds against answers per problem: more samples shrink only the sampling part of the sd
         by_samples = {}
-        if found is not None and delta is not None:
+        if found is not None and delta is not None and found.sd_eval is not None:
             ks = sorted({found.samples * m for m in (1, 2, 4, 8, 16)} | ({samples} if samples else set()))
             by_samples = {k: pw.seeds_needed(delta, found.sd_at(k), alpha, target) for k in ks}
     if fmt == "json":
@@ -70,11 +70,16 @@ def command(
         click.echo(json.dumps({**out, **extra}, indent=2))
         return
     if found is not None:
+        split = (
+            f"training {found.sd_train:.3g}, sampling {found.sd_eval:.3g} at k = {found.samples}"
+            if found.sd_eval is not None
+            else f"not split into training and sampling: that is avg@k's alone, not {found.metric}'s"
+        )
+        pooled = f" (pooled within {found.settings} model x dataset settings)" if found.settings > 1 else ""
         click.echo(
             f"pilot {pilot}: {found.b} - {found.a} on {found.benchmark} {found.metric} at step {found.step}, "
-            f"{len(found.differences)} pairs: sd {found.sd:.3g} points (training {found.sd_train:.3g}, "
-            f"sampling {found.sd_eval:.3g} at k = {found.samples}); planning with sd {sd:.3g}"
-            + (f" at k = {samples}" if samples else "")
+            f"{len(found.differences)} pairs: sd {found.sd:.3g} points{pooled} ({split}); planning with sd "
+            f"{sd:.3g}" + (f" at k = {samples}" if samples else "")
         )
     if delta is not None and n is None:
         click.echo(

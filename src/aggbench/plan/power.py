@@ -108,12 +108,21 @@ class Pilot:
     step: int
     samples: int  # answers per problem (k)
     differences: dict[str, float]  # pair (model__dataset__s<seed>) -> b - a
-    sd: float  # of the differences
-    sd_eval: float  # the part of it that k samples per problem add (binomial, from the graded files)
-    sd_train: float  # the rest: what training seeds add (0 when sampling explains it all)
+    settings: int  # model x dataset settings among the pairs: the sd is pooled within each
+    sd: float  # of the differences, pooled within settings (df = pairs - settings)
+    # the part of it that k samples per problem add (binomial, from the graded files); None for a
+    # metric other than avg@k (pass@k, maj@k), whose sampling variance the graded rows do not give so
+    sd_eval: float | None
+    sd_train: float | None  # the rest: what training seeds add (0 when sampling explains it all)
 
     def sd_at(self, samples: int) -> float:
         """The differences' standard deviation with ``samples`` answers per problem instead of k."""
+        if samples == self.samples:
+            return self.sd
+        if self.sd_eval is None or self.sd_train is None:
+            raise PowerError(
+                f"--samples: the pilot's sd splits into training and sampling for avg@k only, not {self.metric}"
+            )
         return math.sqrt(self.sd_train**2 + self.sd_eval**2 * self.samples / samples)
 
 
@@ -121,7 +130,9 @@ def pilot(
     results: str | Path, a: str, b: str, benchmark: str, *, step: int | None = None, metric: str | None = None
 ) -> Pilot:
     """Paired differences ``b - a`` of a results directory's cells (same model, dataset and seed;
-    the aggregation names ``a`` and ``b``) at ``step`` (default: the latest step both evaluated)."""
+    the aggregation names ``a`` and ``b``) at ``step`` (default: the latest step every one of them
+    evaluated, so no pair is read at another step). Their sd is pooled within model x dataset
+    settings: settings whose mean differences differ by design (a lab's arms) do not add to it."""
     runs = Path(results) / RUNS
     if not runs.is_dir():
         raise PowerError(f"{results}: no {RUNS}/ folder; give a results directory (the report's) as --pilot")
@@ -137,10 +148,10 @@ def pilot(
             f"{results}: {len(pairs)} pair(s) of {a!r} and {b!r} cells with the same model, dataset and seed; "
             f"a pilot needs at least {N_MIN} (aggregations found among them: {found})"
         )
-    diffs, evals, k_seen, m_seen, at = {}, [], set(), set(), None
+    at = step if step is not None else _common_step([cells[(p, r)] for p in pairs for r in (a, b)], benchmark)
+    diffs, evals, k_seen, m_seen = {}, [], set(), set()
     for p in pairs:
         both = [cells[(p, a)], cells[(p, b)]]
-        at = step if step is not None else min(_last_evaluated(r, benchmark) for r in both)
         scores = []
         for run in both:
             score, var, k, name = _score(run, at, benchmark, metric)
@@ -153,31 +164,58 @@ def pilot(
         raise PowerError(
             f"{results}: the pilot's cells differ in samples per problem {sorted(k_seen)} or metric"
         )
-    sd = statistics.stdev(diffs.values())
-    var_eval = 2 * statistics.fmean(evals)  # of a difference: the two cells' sampling is independent
+    settings = _by_setting(diffs)
+    df = len(diffs) - len(settings)
+    if df < 1:
+        raise PowerError(
+            f"{results}: each model x dataset setting has one pair ({', '.join(settings)}); the sd of "
+            "paired differences is taken within a setting, so one of them needs at least two seeds"
+        )
+    sd = math.sqrt(sum((d - statistics.fmean(ds)) ** 2 for ds in settings.values() for d in ds) / df)
+    metric_name, k = m_seen.pop(), k_seen.pop()
+    # of a difference: the two cells' sampling is independent. Only avg@k's is the graded rows' binomial.
+    var_eval = 2 * statistics.fmean(evals) if metric_name == f"avg@{k}" else None
     return Pilot(
         a=a,
         b=b,
         benchmark=benchmark,
-        metric=m_seen.pop(),
+        metric=metric_name,
         step=int(at),
-        samples=k_seen.pop(),
+        samples=k,
         differences=diffs,
+        settings=len(settings),
         sd=sd,
-        sd_eval=math.sqrt(var_eval),
-        sd_train=math.sqrt(max(0.0, sd**2 - var_eval)),
+        sd_eval=None if var_eval is None else math.sqrt(var_eval),
+        sd_train=None if var_eval is None else math.sqrt(max(0.0, sd**2 - var_eval)),
     )
 
 
-def _last_evaluated(run: Path, benchmark: str) -> int:
-    steps = [
-        step
-        for d in (run / "eval").glob("step_*")
-        if (step := step_of(d.name)) is not None and eval_metrics_file(run, step, benchmark).is_file()
-    ]
-    if not steps:
-        raise PowerError(f"{run}: no evaluation of {benchmark!r} (eval/step_N/{benchmark}.metrics.json)")
-    return max(steps)
+def _by_setting(diffs: dict[str, float]) -> dict[str, list[float]]:
+    """{model__dataset: its pairs' differences} from {model__dataset__s<seed>: difference}."""
+    out: dict[str, list[float]] = {}
+    for pair, d in diffs.items():
+        out.setdefault(pair.rsplit("__", 1)[0], []).append(d)
+    return out
+
+
+def _common_step(runs: list[Path], benchmark: str) -> int:
+    """The latest step at which every run evaluated ``benchmark``."""
+    evaluated = {}
+    for run in runs:
+        evaluated[run] = {
+            step
+            for d in (run / "eval").glob("step_*")
+            if (step := step_of(d.name)) is not None and eval_metrics_file(run, step, benchmark).is_file()
+        }
+        if not evaluated[run]:
+            raise PowerError(f"{run}: no evaluation of {benchmark!r} (eval/step_N/{benchmark}.metrics.json)")
+    common = set.intersection(*evaluated.values())
+    if not common:
+        last = ", ".join(f"{run.name} {max(steps)}" for run, steps in evaluated.items())
+        raise PowerError(
+            f"no step at which every pilot cell evaluated {benchmark!r} (last steps: {last}); pass --step"
+        )
+    return max(common)
 
 
 def _score(run: Path, step: int, benchmark: str, metric: str | None) -> tuple[float, float, int, str]:
@@ -199,8 +237,10 @@ def _score(run: Path, step: int, benchmark: str, metric: str | None) -> tuple[fl
     name = metric or f"avg@{k}"
     if name not in m:
         raise PowerError(f"{path}: no metric {name!r} (metrics: {', '.join(sorted(m))})")
-    if k < 2:
-        var = 0.0  # one answer per problem: no within-problem estimate (the pilot's sd is all training)
+    if k < 2 or name != f"avg@{k}":
+        # one answer per problem: no within-problem estimate (the pilot's sd is all training); another
+        # metric than avg@k: its sampling variance is not the binomial one (the pilot leaves it unsplit)
+        var = 0.0
     else:
         per = _graded(path.with_name(f"{benchmark}.jsonl"))
         var = (
@@ -259,4 +299,5 @@ def plan(
 def pilot_summary(p: Pilot) -> dict[str, Any]:
     out = asdict(p)
     out["mean"] = statistics.fmean(p.differences.values())
+    out["setting_means"] = {name: statistics.fmean(ds) for name, ds in _by_setting(p.differences).items()}
     return out
