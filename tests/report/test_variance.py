@@ -16,9 +16,9 @@ from aggbench.report.variance import decompose, variance_rows, write_variance
 SA, SB, SAB, SE = 0.03**2, 0.20**2, 0.05**2, 0.10**2
 
 
-def _simulate(rng, S, E, P, sa=SA):
+def _simulate(rng, S, E, P, sa=SA, b=None):
     a = rng.normal(0, sa**0.5, (S, 1, 1))
-    b = rng.normal(0, SB**0.5, (1, 1, P))
+    b = rng.normal(0, SB**0.5, (1, 1, P)) if b is None else b
     ab = rng.normal(0, SAB**0.5, (S, 1, P))
     eps = rng.normal(0, SE**0.5, (S, E, P))
     return 0.5 + a + b + ab + eps
@@ -29,9 +29,15 @@ def test_known_components_are_recovered_in_a_large_design():
     standard errors of the estimates about 7% (training), 3% (problems), 1% (sampling)."""
     P, sa = 2000, 0.01**2
     c = decompose(_simulate(np.random.default_rng(0), 400, 4, P, sa=sa))
-    truth = {"training seed": sa, "problems": (SB + SAB) / P, "evaluation sampling": SE / P}
-    total = sum(truth.values())  # 1.2625e-4: shares 79.2%, 16.8%, 4.0%
+    truth = {
+        "training seed": sa,
+        "seed x problem": SAB / P,
+        "evaluation sampling": SE / P,
+        "problems": SB / P,
+    }
+    total = sum(truth.values())  # 1.2625e-4: shares 79.2%, 1.0%, 4.0%, 15.8%
     assert c.training == pytest.approx(sa, rel=0.2)
+    assert c.seed_problem == pytest.approx(truth["seed x problem"], rel=0.2)
     assert c.problems == pytest.approx(truth["problems"], rel=0.1)
     assert c.sampling == pytest.approx(truth["evaluation sampling"], rel=0.03)
     for source, share in c.shares().items():
@@ -46,13 +52,30 @@ def test_the_estimates_are_unbiased_in_the_labs_design():
     P = 64
     est = np.array(
         [
-            [c.training, c.sampling, c.problems]
+            [c.training, c.seed_problem, c.sampling, c.problems]
             for c in (decompose(_simulate(rng, 3, 2, P)) for _ in range(2000))
         ]
     )
-    truth = np.array([SA, SE / P, (SB + SAB) / P])
+    truth = np.array([SA, SAB / P, SE / P, SB / P])
     se = est.std(axis=0, ddof=1) / np.sqrt(len(est))
     assert np.all(np.abs(est.mean(axis=0) - truth) < 4 * se + 0.02 * truth), (est.mean(axis=0), truth, se)
+
+
+def test_in_a_paired_difference_on_the_same_problems_only_the_problems_share_cancels():
+    """Two rules trained at the same seeds are different runs on the same benchmark: the variance of
+    their paired score difference is twice the training seed, seed x problem and sampling parts (what
+    the report's text says), not twice training and sampling alone. Seed x problem is made large
+    here (sd 30 points per problem) and the training seed's 0, so that leaving it out would miss by
+    a factor of about 10."""
+    rng = np.random.default_rng(3)
+    S, E, P, sab = 4000, 2, 64, 0.3**2
+    b = rng.normal(0, SB**0.5, (1, 1, P))  # the benchmark's problems: the same for both rules
+    one, two = (_simulate(rng, S, E, P, sa=0.0, b=b) + rng.normal(0, sab**0.5, (S, 1, P)) for _ in range(2))
+    diff = (two - one)[:, 0, :].mean(axis=1)  # one evaluation seed's score difference per training seed
+    c = decompose(one)
+    assert c.seed_problem == pytest.approx((SAB + sab) / P, rel=0.1)
+    assert diff.var(ddof=1) == pytest.approx(2 * (c.training + c.seed_problem + c.sampling), rel=0.1)
+    assert 2 * (c.training + c.sampling) < diff.var(ddof=1) / 5
 
 
 def test_too_small_a_design_is_refused_with_what_is_short():
@@ -111,4 +134,5 @@ def test_the_report_reads_every_training_and_evaluation_seed(tmp_path):
     md = paths[0].read_text()
     assert f"| tiny | tiny | token | tiny_test | 8 | {S} x 3 x {P} |" in md
     csv_line = paths[1].read_text().splitlines()[1].split(",")
-    assert float(csv_line[-3]) == pytest.approx(100 * want.shares()["training seed"], abs=0.01)
+    assert float(csv_line[-4]) == pytest.approx(100 * want.shares()["training seed"], abs=0.01)
+    assert float(csv_line[-3]) == pytest.approx(100 * want.shares()["seed x problem"], abs=0.01)

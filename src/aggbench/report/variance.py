@@ -12,9 +12,12 @@ seed s and evaluation seed e. The random-effects model
 with variances sa, sb, sab, se) makes the benchmark score X[s, e] = mean_p y[s, e, p] vary, over a
 fresh training seed, evaluation seed and problem set of the same size P, by
 
-    Var(X) = sa + (sb + sab) / P + se / P
-             ^^   ^^^^^^^^^^^^^^^   ^^^^^^
-             training seed  problems   evaluation sampling
+    Var(X) = sa + sab / P + se / P + sb / P
+             ^^   ^^^^^^^   ^^^^^^   ^^^^^^
+             |    |         |        problems: which P problems the benchmark holds
+             |    |         evaluation sampling: n answers per problem
+             |    training seed x problem: where on these problems a run is better or worse
+             training seed: how much better or worse a run is on every problem
 
 The components are estimated from the ANOVA mean squares (their expectations: MS_e = se,
 MS_sp = se + E sab, MS_s = se + E sab + E P sa, MS_p = se + E sab + S E sb; a negative estimate is
@@ -22,8 +25,11 @@ set to 0, as is usual for variance components). Written by hand: statsmodels' Mi
 grouping factor with variance components by REML iteratively, and the balanced crossed design has
 these closed forms (Searle, Casella & McCulloch, Variance Components, ch. 4).
 
-For a paired comparison of two rules on the same problems, b cancels; the training-seed and
-sampling shares are what more seeds and more samples per problem buy down (``aggbench power``).
+For a paired comparison of two rules on the same problems only b cancels: the seed x problem part
+belongs to each training run (two rules at one seed are two runs), so on a fixed benchmark it adds
+to a cell's variance as the training seed's does, and only more seeds buy either down; more samples
+per problem buy down the sampling part (``aggbench power``); tests/report/test_variance.py
+checks this on simulated pairs.
 """
 
 from __future__ import annotations
@@ -37,15 +43,17 @@ import numpy as np
 from aggbench import grid, layout
 from aggbench.data.jsonl import iter_jsonl
 
-SOURCES = ("training seed", "evaluation sampling", "problems")
+SOURCES = ("training seed", "seed x problem", "evaluation sampling", "problems")
 
 
 @dataclass(frozen=True)
 class Components:
-    """The variance of one benchmark score split by source. training/sampling/problems are the
-    parts of Var(X) (fraction units squared); S, E, P the design's sizes; mean the grand mean."""
+    """The variance of one benchmark score split by source. training/seed_problem/sampling/problems
+    are sa, sab/P, se/P and sb/P of Var(X) (fraction units squared; module docstring); S, E, P the
+    design's sizes; mean the grand mean."""
 
     training: float
+    seed_problem: float
     sampling: float
     problems: float
     mean: float
@@ -55,11 +63,12 @@ class Components:
 
     @property
     def total(self) -> float:
-        return self.training + self.sampling + self.problems
+        return self.training + self.seed_problem + self.sampling + self.problems
 
     def shares(self) -> dict[str, float]:
         """{source: share of the total} (all 0 when the total is 0)."""
-        parts = dict(zip(SOURCES, (self.training, self.sampling, self.problems), strict=True))
+        values = (self.training, self.seed_problem, self.sampling, self.problems)
+        parts = dict(zip(SOURCES, values, strict=True))
         return {k: (v / self.total if self.total > 0 else 0.0) for k, v in parts.items()}
 
 
@@ -89,8 +98,9 @@ def decompose(y: np.ndarray) -> Components:
     sb = max(0.0, (ms_p - ms_sp) / (S * E))
     return Components(
         training=float(sa),
+        seed_problem=float(sab / P),
         sampling=float(se / P),
-        problems=float((sb + sab) / P),
+        problems=float(sb / P),
         mean=float(m),
         S=S,
         E=E,
@@ -162,8 +172,8 @@ def variance_rows(exp: dict) -> tuple[list[Row], list[str]]:
 
 CSV_FIELDS = [
     "model", "dataset", "rule", "benchmark", "step", "training_seeds", "evaluation_seeds", "problems",
-    "mean", "sd", "var_training_seed", "var_evaluation_sampling", "var_problems",
-    "share_training_seed", "share_evaluation_sampling", "share_problems",
+    "mean", "sd", "var_training_seed", "var_seed_x_problem", "var_evaluation_sampling", "var_problems",
+    "share_training_seed", "share_seed_x_problem", "share_evaluation_sampling", "share_problems",
 ]  # fmt: skip
 
 
@@ -177,9 +187,10 @@ def to_records(rows: Sequence[Row]) -> list[dict]:
                 "model": r.model, "dataset": r.dataset, "rule": r.rule, "benchmark": r.benchmark, "step": r.step,
                 "training_seeds": c.S, "evaluation_seeds": c.E, "problems": c.P,
                 "mean": round(100 * c.mean, 4), "sd": round(100 * c.total**0.5, 4),
-                "var_training_seed": round(1e4 * c.training, 4), "var_evaluation_sampling": round(1e4 * c.sampling, 4),
-                "var_problems": round(1e4 * c.problems, 4),
+                "var_training_seed": round(1e4 * c.training, 4), "var_seed_x_problem": round(1e4 * c.seed_problem, 4),
+                "var_evaluation_sampling": round(1e4 * c.sampling, 4), "var_problems": round(1e4 * c.problems, 4),
                 "share_training_seed": round(100 * sh["training seed"], 2),
+                "share_seed_x_problem": round(100 * sh["seed x problem"], 2),
                 "share_evaluation_sampling": round(100 * sh["evaluation sampling"], 2),
                 "share_problems": round(100 * sh["problems"], 2),
             }
@@ -193,20 +204,21 @@ def to_markdown(rows: Sequence[Row], notes: Sequence[str], experiment: str) -> s
         "",
         "Per row and benchmark, at the last step graded under every training and evaluation seed: the "
         "variance of one cell's benchmark score (a fresh training seed, evaluation seed and problem set of "
-        "the same size) split into training seed, evaluation sampling and problems (random-effects ANOVA, "
-        "aggbench.report.variance). sd in points; shares in percent. In a paired comparison of rules on "
-        "the same problems the problems' share cancels.",
+        "the same size) split into training seed, training seed x problem, evaluation sampling and problems "
+        "(random-effects ANOVA, aggbench.report.variance). sd in points; shares in percent. In a paired "
+        "comparison of rules on the same problems only the problems' share cancels: seed x problem belongs "
+        "to each training run, as the training seed's share does, and only more seeds buy both down.",
         "",
-        "| model | dataset | rule | benchmark | step | S x E x P | mean | sd | training seed | evaluation "
-        "sampling | problems |",
-        "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|",
+        "| model | dataset | rule | benchmark | step | S x E x P | mean | sd | training seed | seed x problem "
+        "| evaluation sampling | problems |",
+        "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for rec in to_records(rows):
         lines.append(
             f"| {rec['model']} | {rec['dataset']} | {rec['rule']} | {rec['benchmark']} | {rec['step']} | "
             f"{rec['training_seeds']} x {rec['evaluation_seeds']} x {rec['problems']} | {rec['mean']:.1f} | "
-            f"{rec['sd']:.2f} | {rec['share_training_seed']:.0f}% | {rec['share_evaluation_sampling']:.0f}% | "
-            f"{rec['share_problems']:.0f}% |"
+            f"{rec['sd']:.2f} | {rec['share_training_seed']:.0f}% | {rec['share_seed_x_problem']:.0f}% | "
+            f"{rec['share_evaluation_sampling']:.0f}% | {rec['share_problems']:.0f}% |"
         )
     if notes:
         lines += ["", "Not decomposed:", *(f"- {n}" for n in notes)]
