@@ -64,7 +64,7 @@ def _legend(t: Table) -> str:
     drop = "drop = peak − last of each seed's benchmark average (points), over seeds as the other columns"
     return (
         f"{t.metric} in %, {seeds}; {drop}; steps are training steps; best per column in bold "
-        f"(drop: the least){extra}."
+        f"(drop: the least; not a † row){extra}."
     )
 
 

@@ -11,6 +11,9 @@ defines both, and the drop). Steps are training steps. Three tables per block:
   step is shown beside each value); the average column averages those per-benchmark peaks.
 * ``peak_best_average``: every benchmark at the single step whose seed-mean benchmark average is
   best (one step per row).
+
+  Both peaks are chosen among the steps every seed of the row has (when a seed stopped early, a
+  step only the others reached would otherwise win on fewer, or the best, seeds alone).
 * ``last``: every benchmark at the last step that has all benchmarks.
 * ``selected`` (only with ``evaluation.selection``, in its own files): each seed's checkpoint
   chosen on a held-out selection benchmark (``{test: selection}``, e.g. tiny_test: tiny_val), the
@@ -20,7 +23,8 @@ defines both, and the drop). Steps are training steps. Three tables per block:
 
 The ``drop`` column is the same in all three: each seed's peak minus last value of its
 benchmark-average curve, averaged over seeds (the paper's stability measure; lower is better).
-Ties between steps go to the earliest. The best value of each column (rounded as shown) is bold.
+Ties between steps go to the earliest. The best value of each column (rounded as shown) is bold,
+among the rows that are neither flagged (below) nor a random-reward control.
 A row whose cells are missing, unfinished (trained to fewer than total_steps, or fewer evaluation
 steps than the grid expects) or disagree with the run files is marked with a dagger and the
 table's footnote names each cell and why; such rows are never dropped. A ``reported:`` block in the
@@ -142,6 +146,15 @@ def _argmax(curve: Mapping[int, float]) -> int | None:
     return max(curve, key=lambda t: (round(curve[t], 9), -t)) if curve else None
 
 
+def _shared(curve: Mapping[int, float], step_sets: Iterable[Iterable[int]]) -> dict[int, float]:
+    """``curve`` at the steps every seed with a value has (seeds without any do not count), so a
+    peak is not chosen where the seed set changed: a step only the best seed reached would win on
+    that seed alone. Every step when they share none."""
+    sets = [set(s) for s in step_sets]
+    shared = set.intersection(*(s for s in sets if s)) if any(sets) else set()
+    return {t: v for t, v in curve.items() if t in shared} or dict(curve)
+
+
 def _at_step(seeds: Sequence[CellData], benches: Sequence[str], step: int) -> dict[str, Entry]:
     """Every benchmark and the average at one step, over the seeds that have all benchmarks there."""
     have = [c for c in seeds if all(step in c.evals.get(b, {}) for b in benches)]
@@ -171,7 +184,8 @@ def _rule_row(
             for c in seeds:
                 for t, v in c.evals.get(b, {}).items():
                     by_step.setdefault(t, []).append(v)
-            best[b] = _argmax({t: statistics.fmean(vs) for t, vs in by_step.items()})
+            curve = {t: statistics.fmean(vs) for t, vs in by_step.items()}
+            best[b] = _argmax(_shared(curve, (c.evals.get(b, {}) for c in seeds)))
             have = [c for c in seeds if best[b] in c.evals.get(b, {})]
             entries[b] = _entry([c.evals[b][best[b]] for c in have], best[b], _boot(have, b, best[b]))
         full = [
@@ -182,7 +196,10 @@ def _rule_row(
         )
         return entries, None
     curve = _seed_mean_avg(seeds, benches)
-    step = _argmax(curve) if definition == "peak_best_average" else max(curve, default=None)
+    if definition == "peak_best_average":
+        step = _argmax(_shared(curve, (c.complete_steps(benches) for c in seeds)))
+    else:  # the last step any seed reached: an unfinished seed's row is flagged and shows its n
+        step = max(curve, default=None)
     if step is None:
         return {b: Entry() for b in [*benches, AVERAGE]}, None
     return _at_step(seeds, benches, step), step
@@ -313,16 +330,20 @@ def _bench_note(note: str) -> str:
 
 
 def _mark_best(rows: Sequence[Row], columns: Sequence[str]) -> None:
-    """Bold the best value of each column as shown (rounded): the highest, the least drop; a
-    random-reward control is no contender."""
+    """Bold the best value of each column as shown (rounded): the highest, the least drop. A
+    random-reward control is no contender, nor is a flagged row (unfinished or missing seeds, or
+    MLflow data that differ from the run files): its values may come from other steps or fewer seeds."""
     for k in columns:
+        contends = [r.kind != "control" and not r.flagged for r in rows]
         shown = [
-            round(r.entries[k].mean, 1) for r in rows if r.entries[k].mean is not None and r.kind != "control"
+            round(r.entries[k].mean, 1)
+            for r, ok in zip(rows, contends, strict=True)
+            if ok and r.entries[k].mean is not None
         ]
         top = (min if k == DROP else max)(shown, default=None)
-        for r in rows:
+        for r, ok in zip(rows, contends, strict=True):
             e = r.entries[k]
-            e.best = r.kind != "control" and e.mean is not None and round(e.mean, 1) == top
+            e.best = ok and e.mean is not None and round(e.mean, 1) == top
 
 
 def _selected_about(chosen_on: Mapping[str, str], benches: Sequence[str]) -> list[str]:
