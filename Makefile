@@ -3,6 +3,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# Where pip finds torch's CPU wheel when its own configuration does not (this project's machines have
+# it on local disk): TORCH_INDEX=https://download.pytorch.org/whl/cpu on a fresh laptop (PyPI's Linux
+# torch is the CUDA build, which the lock's torch==2.13.0+cpu hash refuses).
+TORCH_INDEX ?=
 CONSTRAINTS ?= -c .ci/constraints.txt
 EXTRAS ?= dev,eval
 # verl (tests/aggregation/test_anchors.py, tests/integrations/test_verl.py): verl 0.9.1 imports on CPU
@@ -25,7 +29,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(if $(TORCH_SPEC),$(BIN)/pip install -q "$(TORCH_SPEC)" $(CONSTRAINTS))
+	$(if $(TORCH_SPEC),$(BIN)/pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(CONSTRAINTS))
 	if [ -n "$(LOCK)" ]; then \
 	    $(BIN)/pip install -q --require-hashes --no-deps -r $(LOCK) && \
 	    $(BIN)/pip install -q --no-deps -e . && \

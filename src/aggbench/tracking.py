@@ -28,7 +28,9 @@ Run status (a run is never left RUNNING by a process that could still say how it
 
 Parameters: a cell's run carries its resolved config as params (``run_config.flat_config``), logged
 once; a resume compares them with the run's and refuses a different value (MLflow's params cannot
-change). The experiment carries ``mlflow.experimentKind``, so MLflow 3's UI opens on its runs.
+change). The experiment carries ``mlflow.experimentKind`` (custom_model_development), which MLflow
+3.17's UI does not read for its landing view: ``ui_url`` opens the runs table through the address's
+``workflowType`` instead.
 
 Every write to MLflow is made here (``tests/test_layering.py`` checks that no other module imports
 mlflow or names a write of its client): the trainer, the evaluator, ``aggbench ingest`` and the

@@ -87,6 +87,29 @@ def test_the_named_equivalent(key, expected):
         assert r.equivalents[0].scale == pytest.approx(expected[1], rel=1e-9)
 
 
+def test_the_docs_table_is_what_audit_answers():
+    """docs/integrations.md's table of every mode, row by row: its "depends on the layout" and
+    "equals" columns (with the scale where one is written, else 1) are what audit answers on the
+    table's batch, micro-batches of 2, library defaults."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
+    rows = re.findall(
+        r"^\| (trl|verl|openrlhf|skyrl) [\d.]+ \| `([^`]+)` \| [^|]+ \| ([^|]+) \| ([^|]+) \|$", text, re.M
+    )
+    assert len(rows) == 20, rows
+    batch = make_batch([10, 500, 20, 30, 7, 80], [1, 0, 1, 0, 1, 1], [0, 0, 1, 1, 2, 2])
+    for library, name, layout, equals in rows:
+        r = audit(batch, get_mode(library, name), micro_batch_size=2)
+        assert r.layout == layout.strip(), (library, name, r.layout)
+        m = re.fullmatch(r"`([^`]+)`(?: x ([\d.]+))?(?: \(.*\))?", equals.strip())
+        want, scale = (m.group(1), float(m.group(2) or 1)) if m else (equals.strip(), None)
+        assert r.equivalent == want, (library, name, r.equivalent)
+        if scale is not None:
+            assert r.equivalents[0].scale == pytest.approx(scale, rel=1e-6), (library, name)
+
+
 def test_token_sum_is_token_times_a_factor_that_follows_the_batch():
     batch = make_batch([10, 500, 20, 30], [1, 0, 1, 0])
     r = audit(batch, get_mode("verl", "token-sum"))

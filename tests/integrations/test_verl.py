@@ -379,15 +379,20 @@ def test_a_step_batch_of_other_whole_minibatches_is_exact(model_dir):
 
 
 def test_the_documented_command_passes_the_checker():
-    """docs/integrations.md's AGG overrides, as written, pass the check `python -m aggbench.integrations.verl`
-    runs (verl's defaults otherwise: use_v1=true, balance_batch); without the mini-batch line they are
-    refused (verl's default 1024 / 256 = 4 mini-batches under the v1 trainer)."""
+    """docs/integrations.md's and README's AGG overrides (the same), as written, pass the check
+    `python -m aggbench.integrations.verl` runs (verl's defaults otherwise: use_v1=true, balance_batch);
+    without the mini-batch line they are refused (verl's default 1024 / 256 = 4 mini-batches under the
+    v1 trainer)."""
     import re
     import shlex
 
-    text = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
-    (block,) = re.findall(r'^AGG="(.*?)"$', text, re.M | re.S)
-    overrides = shlex.split(block.replace("\\\n", " "))
+    repo = Path(__file__).resolve().parents[2]
+    found = []
+    for doc in (repo / "docs" / "integrations.md", repo / "README.md"):
+        (block,) = re.findall(r'^AGG="(.*?)"$', doc.read_text(), re.M | re.S)
+        found.append(sorted(shlex.split(block.replace("\\\n", " "))))
+    assert found[0] == found[1], found
+    overrides = found[0]
     config = adapter.compose_config(overrides)
     assert bool(config.trainer.use_v1)  # the default path
     name = str(config.algorithm.adv_estimator)
