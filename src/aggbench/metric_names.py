@@ -20,9 +20,11 @@ from collections.abc import Mapping
 from typing import Any
 
 KINDS = ("avg", "pass", "maj")
-# the context policy's per-benchmark counts (aggbench.evaluation.context): prompts longer than the
-# model's context (not generated, graded wrong) and responses whose max_tokens the context cut short
-CONTEXT_COUNTS = ("not_generated", "context_capped")
+# per-benchmark counts of responses the tables' notes name: not generated because their prompt is
+# longer than the model's context (aggbench.evaluation.context; graded wrong), whose max_tokens the
+# context cut short, and decided by the grading harness (a time-out, a crashed worker, an error;
+# graded wrong)
+NOTED_COUNTS = ("not_generated", "context_capped", "not_judged")
 # the grader-disagreement ledger of an answer benchmark (aggbench.grading.ledger.LEDGER_COUNTS)
 LEDGER_COUNTS = (
     "ledger_verdicts",
@@ -94,7 +96,7 @@ def eval_metric_values(benchmark: str, metrics: Mapping[str, Any]) -> dict[str, 
         "mean_length",
         "truncation_rate",
         *PROBABILITY,
-        *CONTEXT_COUNTS,
+        *NOTED_COUNTS,
         *LEDGER_COUNTS,
     ):
         if metrics.get(name) is not None:

@@ -104,6 +104,17 @@ def test_uneven_sample_counts_name_the_usual_count_before_grading(tmp_path, no_g
     assert "aggbench generate" in result.output
 
 
+def test_a_sample_twice_is_refused_before_grading(tmp_path, no_grading):
+    """Two samples files joined (or one appended twice) would pass the even-count check with every
+    sample doubled, and score avg@8 of 4 samples each."""
+    rows = [r for r in ragged_tiny_rows() if r["id"] != "tiny-test-000003"]
+    samples = write_jsonl(tmp_path / "s.jsonl", rows + rows)
+    result = score("tiny_test", samples, tmp_path / "o.jsonl")
+    assert result.exit_code == 1, result.output
+    assert f"{samples}:7: problem 'tiny-test-000000' sample 0 repeats line 1" in result.output
+    assert not (tmp_path / "o.jsonl").exists()
+
+
 def test_summarize_names_the_most_common_count():
     from aggbench.evaluation.metrics import summarize, uneven_samples
 

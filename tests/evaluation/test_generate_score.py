@@ -259,6 +259,34 @@ def test_majority_vote_takes_a_judged_verdict():
     ]
     m = compute_metrics(rows, grader="math")
     assert m["maj@3"] == 1.0 and m["avg@3"] == pytest.approx(1 / 3)
+    assert m["not_judged"] == 1  # the time-out: the harness, not the grader, decided it
+
+
+def test_counts_and_lengths_say_which_responses_they_are_over():
+    """An empty answer does not win the vote; the harness's failures are counted (a program's own
+    time-out is not one); lengths and truncation are over the responses that were generated."""
+    from aggbench.evaluation.score import compute_metrics
+
+    def row(pid, j, extracted, correct, reason, length, finish):
+        return {"id": pid, "sample": j, "correct": correct, "extracted": extracted, "reason": reason,
+                "length": length, "finish_reason": finish}  # fmt: skip
+
+    rows = [
+        row("a", 0, "", False, "empty_answer", 100, "stop"),
+        row("a", 1, "", False, "empty_answer", 100, "length"),
+        row("a", 2, "7", True, "equivalent", 100, "stop"),
+        row("b", 0, None, False, "prompt_too_long", 0, "prompt_too_long"),
+        row("b", 1, None, False, "prompt_too_long", 0, "prompt_too_long"),
+        row("b", 2, None, False, "prompt_too_long", 0, "prompt_too_long"),
+        row("c", 0, "1", False, "worker_crashed", 50, "stop"),
+        row("c", 1, "1", False, "error: ValueError: x", 50, "stop"),
+        row("c", 2, "2", False, "timeout: test 3/10 failed", 50, "stop"),  # the program's own time-out
+    ]
+    m = compute_metrics(rows, grader="math")
+    assert m["maj@3"] == pytest.approx(1 / 3)  # a: "7" wins over two empty answers
+    assert m["not_generated"] == 3 and m["not_judged"] == 2
+    assert m["mean_length"] == pytest.approx(75.0)  # the six generated responses, not 50 over nine
+    assert m["truncation_rate"] == pytest.approx(1 / 6)
 
 
 def test_score_uses_each_records_tolerance_and_unit(data_env, tmp_path):

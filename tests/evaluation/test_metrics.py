@@ -58,6 +58,8 @@ def test_maj_at_k_votes_and_ties() -> None:
     truth = [{"a": True, "b": False}, {"x": False, "y": True}, {}, {"b": True, "a": False}, {"z": True}]
     # correct winners: problems 0, 3, 4 -> 3/5
     assert maj_at_k(answers, truth) == pytest.approx(3 / 5)
+    # an empty or blank answer (\boxed{}) is no answer either: "7" wins against two of them
+    assert maj_at_k([["", " ", "7"], ["", "", ""]], [{"7": True, "": False, " ": False}, {"": True}]) == 0.5
     assert maj_at_k(answers, lambda p, a: truth[p][a]) == pytest.approx(3 / 5)
     # first 1 sample only: winners a (T), x (F), none (0), b (T), z (T) -> 3/5
     assert maj_at_k(answers, truth, k=1) == pytest.approx(3 / 5)

@@ -69,15 +69,18 @@ def test_prompts_beyond_the_context_are_in_the_table_notes(grid):
         tmp_path / "results" / "runs" / rf.cell_id("token", 0) / "eval" / "step_12" / "math500.metrics.json"
     )
     metrics = json.loads(path.read_text())
-    path.write_text(json.dumps({**metrics, "not_generated": 3, "context_capped": 5}))
+    path.write_text(json.dumps({**metrics, "not_generated": 3, "context_capped": 5, "not_judged": 2}))
     _, md = _report(tmp_path, config)
     assert (
-        f"token: {rf.cell_id('token', 0)}: math500: prompts longer than the model's context, not generated "
-        "and graded wrong: 3 at step 12"
+        f"token: {rf.cell_id('token', 0)}: math500: responses not generated (their prompt is longer than "
+        "the model's context), graded wrong: 3 at step 12"
     ) in md
-    assert md.count("not generated and graded wrong") == 1  # one note, under the one last-step table
+    assert md.count("responses not generated") == 1  # one note, under the one last-step table
     assert "math500: responses whose max_tokens the model's context cut short: 5 at step 12" in md
-    assert "math500: responses whose max_tokens the model's context cut short: 5 at step 12" in md
+    assert (
+        "math500: responses the grading harness decided (a time-out, a crashed worker, an error), graded "
+        "wrong: 2 at step 12"
+    ) in md
 
 
 def test_a_benchmark_graded_on_public_tests_only_is_footnoted(grid):

@@ -57,9 +57,9 @@ def maj_at_k(
     ``k`` samples of each problem are used when ``k`` is given.
     correct_of_answer: ``f(problem_index, answer) -> bool``, or one mapping answer -> bool per problem.
 
-    Voting: the most frequent non-None answer wins; a tie goes to the tied answer that appears
-    FIRST among the samples (deterministic given sample order). None never wins: a problem whose
-    samples are all None scores 0. Answers are compared as given (exact equality), so pass
+    Voting: the most frequent answer wins; a tie goes to the tied answer that appears FIRST among
+    the samples (deterministic given sample order). No answer (None, or an empty or blank string:
+    ``\\boxed{}``) never wins: a problem whose samples have none scores 0. Answers are compared as given (exact equality), so pass
     canonicalised strings (e.g. the grader's normalised form) if "0.5" and "1/2" should pool.
     """
     scores = [
@@ -72,12 +72,18 @@ def maj_at_k(
 
 
 def majority_answer(row: Sequence[Hashable | None]) -> Hashable | None:
-    """The voted answer of one problem (see :func:`maj_at_k` for the rule); None if all are None."""
-    counts = Counter(a for a in row if a is not None)
+    """The voted answer of one problem (see :func:`maj_at_k` for the rule); None if none has one."""
+    votes = [a for a in row if _answered(a)]
+    counts = Counter(votes)
     if not counts:
         return None
     best = max(counts.values())
-    return next(a for a in row if a is not None and counts[a] == best)
+    return next(a for a in votes if counts[a] == best)
+
+
+def _answered(answer: Hashable | None) -> bool:
+    """An answer that can take part in a vote: not None and not an empty or blank string."""
+    return answer is not None and not (isinstance(answer, str) and not answer.strip())
 
 
 def _vote_correct(p: int, row: list[Hashable | None], correct_of_answer: CorrectOfAnswer) -> float:

@@ -17,8 +17,6 @@ from aggbench.errors import InputError
 from aggbench.files import relative_to_file, write_atomic
 from aggbench.metric_names import parse as parse_metric
 
-_NOT_JUDGED = ("timeout", "worker_crashed", "error")
-
 
 class EvaluationError(InputError, ValueError):
     """Bad input to the evaluator: the message names the file, line and field, and the fix."""
@@ -111,13 +109,19 @@ def compute_metrics(
 
     avg@k uses each problem's first k samples; pass@k is the unbiased estimator over all n;
     maj@k votes among the first k raw extracted answers (ties: the first to appear; answers are
-    compared as written, so ``0.5`` and ``1/2`` do not pool) and takes the verdict of that answer's
-    first sample that the grader actually judged (not a timeout or a crash). ``n_samples`` is the
-    number of samples per problem; ``ci_low``/``ci_high`` bound avg@n (bootstrap over problems).
+    compared as written, so ``0.5`` and ``1/2`` do not pool; an empty one does not vote) and takes
+    the verdict of that answer's first sample that the grader actually judged (not a timeout or a
+    crash). ``n_samples`` is the number of samples per problem; ``ci_low``/``ci_high`` bound avg@n
+    (bootstrap over problems). ``mean_length`` and ``truncation_rate`` are over the responses that
+    were generated (not those whose prompt did not fit the context: ``not_generated`` counts them);
+    ``not_judged`` counts the responses the grading harness, not the grader, decided (a time-out, a
+    crashed worker, an error: :func:`aggbench.grading.pool.harness_failed`), all scored wrong.
     """
     import numpy as np
 
+    from aggbench.evaluation.context import PROMPT_TOO_LONG
     from aggbench.evaluation.metrics import bootstrap_ci, summarize
+    from aggbench.grading.pool import harness_failed
 
     problems: dict[Any, list[Mapping[str, Any]]] = {}
     for r in rows:
@@ -132,8 +136,9 @@ def compute_metrics(
         scores = np.array([_majority_correct(v[:k]) for v in ordered])
         out[m] = float(scores.mean())
         out[f"{m}_ci"] = list(bootstrap_ci(scores, n_boot=n_boot, seed=seed))
-    lengths = [r["length"] for r in flat if isinstance(r.get("length"), int)]
-    reasons = [r["finish_reason"] for r in flat if r.get("finish_reason") is not None]
+    generated = [r for r in flat if r.get("finish_reason") != PROMPT_TOO_LONG]
+    lengths = [r["length"] for r in generated if isinstance(r.get("length"), int)]
+    reasons = [r["finish_reason"] for r in generated if r.get("finish_reason") is not None]
     out.update(
         {
             "metrics": names,
@@ -143,10 +148,13 @@ def compute_metrics(
             "ci_high": out[f"avg@{n}_ci"][1],
             "mean_length": float(np.mean(lengths)) if lengths else None,
             "truncation_rate": float(np.mean([x == "length" for x in reasons])) if reasons else None,
-            # prompts with no room in the model's context (aggbench.evaluation.context), graded wrong
-            "not_generated": sum(x == "prompt_too_long" for x in reasons),
+            # responses not generated: their prompt had no room in the model's context
+            # (aggbench.evaluation.context), graded wrong
+            "not_generated": len(flat) - len(generated),
             # responses whose budget the context cut below the benchmark's max_tokens
             "context_capped": sum(bool(r.get("context_capped")) for r in flat),
+            # responses the grading harness decided (time-out, crashed worker, error), graded wrong
+            "not_judged": sum(harness_failed(r.get("reason")) for r in flat),
         }
     )
     return out
@@ -158,8 +166,10 @@ def _majority_correct(samples: Sequence[Mapping[str, Any]]) -> float:
     winner = majority_answer([s.get("extracted") for s in samples])
     if winner is None:
         return 0.0
+    from aggbench.grading.pool import harness_failed
+
     same = [s for s in samples if s.get("extracted") == winner]
-    judged = [s for s in same if not str(s.get("reason", "")).startswith(_NOT_JUDGED)]
+    judged = [s for s in same if not harness_failed(s.get("reason"))]
     return float(bool((judged or same)[0]["correct"]))
 
 
@@ -243,11 +253,13 @@ def check_samples(
 ) -> None:
     """Everything about the samples that can be wrong, checked before any grading: each row is
     from ``benchmark`` and passes the grader's row check (the one ``aggbench grade`` runs:
-    :func:`aggbench.grading.rows.check_row`), ids are strings or integers, and every problem has
-    the same number of samples."""
+    :func:`aggbench.grading.rows.check_row`), ids are strings or integers, no (id, sample) pair
+    repeats (two files joined, or one appended twice, would count a sample twice), and every
+    problem has the same number of samples."""
     from aggbench.evaluation.metrics import uneven_samples
     from aggbench.grading.rows import check_row
 
+    seen: dict[tuple[Any, Any], int] = {}
     for lineno, r in numbered:
         if r.get("benchmark", benchmark) != benchmark:
             raise EvaluationError(
@@ -258,6 +270,13 @@ def check_samples(
                 f"{path}:{lineno}: field 'id': expected a string or an integer, got {r['id']!r:.80}"
             )
         check_row(path, lineno, r, grader)
+        if "sample" in r:
+            first = seen.setdefault((r["id"], r["sample"]), lineno)
+            if first != lineno:
+                raise EvaluationError(
+                    f"{path}:{lineno}: problem {r['id']!r} sample {r['sample']!r} repeats line {first}; "
+                    "each sample once: regenerate the file with `aggbench generate` instead of joining files"
+                )
     uneven = uneven_samples(Counter(r["id"] for _, r in numbered))
     if uneven:
         raise EvaluationError(

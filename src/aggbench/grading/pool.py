@@ -65,6 +65,15 @@ def default_workers() -> int:
     return max(1, min(8, n))
 
 
+def harness_failed(reason: Any) -> bool:
+    """Whether a verdict's ``reason`` says the grading harness decided it, not the response: the
+    pool's failures (``timeout``, ``worker_crashed``, ``error: ...``; the math grader's own soft
+    deadline says ``timeout`` too). Such a verdict is scored wrong. A program's own time-out in the
+    code grader (``timeout: test 3/10 failed``) is the response's doing and is not one."""
+    text = str(reason or "")
+    return text in ("timeout", "worker_crashed") or text.startswith("error: ")
+
+
 def default_failure(reason: str) -> dict[str, Any]:
     """What a failed task yields unless ``map`` is given another ``failure`` factory."""
     return {"correct": False, "extracted": None, "reason": reason}

@@ -33,7 +33,7 @@ class CellData:
     train: dict[str, dict[int, float]] = field(default_factory=dict)
     rule_version: str | None = None  # what the run was trained under (aggregation.json, else its tag)
     expected_version: str | None = None  # the grid's rule version today
-    # the context policy's counts (aggbench.evaluation.context): {"not_generated" | "context_capped":
+    # the noted counts (metric_names.NOTED_COUNTS): {"not_generated" | "context_capped" | "not_judged":
     # {benchmark: {step: n}}}
     context: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     # what the evaluation noted per benchmark (MLflow tag eval/{benchmark}/notes): "public tests only"
@@ -224,7 +224,7 @@ def collect(
                     b: _trained(metric_history(client, rid, metric_names.mlflow_key(b, kind)))
                     for b in benchmarks
                 }
-                for kind in metric_names.CONTEXT_COUNTS
+                for kind in metric_names.NOTED_COUNTS
             }
             data.ledger = {
                 kind: {

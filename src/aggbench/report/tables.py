@@ -279,10 +279,11 @@ def check_reported(exp: dict) -> None:
 
 CONTEXT_NOTES = dict(
     zip(
-        metric_names.CONTEXT_COUNTS,
+        metric_names.NOTED_COUNTS,
         (
-            "prompts longer than the model's context, not generated and graded wrong",
+            "responses not generated (their prompt is longer than the model's context), graded wrong",
             "responses whose max_tokens the model's context cut short",
+            "responses the grading harness decided (a time-out, a crashed worker, an error), graded wrong",
         ),
         strict=True,
     )
