@@ -315,3 +315,45 @@ def test_a_cells_step_0_copy_is_for_curves_not_for_its_peak(tmp_path):
     assert got.base["tiny"] == pytest.approx({b: 100.0 * v for b, v in rf.BASE.items()})  # percent
     # peak 3% (step 8) minus last 2%; with step 0 (10%/5%) counted it would be 7.5 - 2 points
     assert peak_to_last(token.evals, list(rf.BENCHES)) == pytest.approx(1.0)
+
+
+def test_mlflow_values_without_files_behind_them_are_errors_until_ingest_rebuilds_the_run(tmp_path):
+    """A data-integrity review's three cases. (1) An evaluation whose metrics.json is gone after it
+    was ingested: MLflow's value is an error (it was a warning only for training steps), and ingest
+    rebuilds the run from the files. (2) An evaluation past the committed step (the checkpoint it
+    read was discarded: sequence s0 is committed to step 8) is neither ingested nor expected.
+    (3) A run directory deleted to retrain the cell: its old MLflow run is an error, and the
+    report, when told to go on, flags the row instead of tabling the deleted attempt as the grid's."""
+    config = rf.make_grid(tmp_path)
+    exp = load_experiment(config)
+    runs_dir = tmp_path / "results" / "runs"
+    seq = rf.cell_id("sequence", 0)
+    past = runs_dir / seq / "eval" / "step_12"
+    past.mkdir(parents=True)
+    (past / "tiny_test.metrics.json").write_text(json.dumps(rf.eval_metrics("tiny_test", 0.99)))
+    run_cli(ingest_command, "--config", str(config), "--quiet")
+    assert "eval/tiny_test/avg_at_4" in store_contents(exp)[seq]
+    assert 12 not in store_contents(exp)[seq]["eval/tiny_test/avg_at_4"]  # (2)
+    assert [p for p in verify(exp) if p.is_error] == []
+
+    token = rf.cell_id("token", 1)
+    (runs_dir / token / "eval" / "step_8" / "math500.metrics.json").unlink()  # (1)
+    problems = [p for p in verify(exp) if p.is_error]
+    assert {(p.cell_id, p.kind, p.step) for p in problems} == {(token, "extra", 8)}
+    assert {p.key for p in problems} >= {"eval/math500/avg_at_4", "eval/math500/ci_low"}
+    res = run_cli(ingest_command, "--config", str(config), "--quiet")
+    assert f"(the store held a discarded attempt): {token}" in res.output
+    assert [p for p in verify(exp) if p.is_error] == []
+    assert 8 not in store_contents(exp)[token]["eval/math500/avg_at_4"]
+
+    balanced = rf.cell_id("balanced", 0)
+    shutil.rmtree(runs_dir / balanced)  # (3)
+    assert [(p.cell_id, p.kind) for p in verify(exp) if p.is_error] == [(balanced, "no_files")]
+    out = tmp_path / "tables"
+    res = run_cli(report_command, "--config", str(config), "--out", str(out), ok=False)
+    assert (
+        res.exit_code != 0
+        and f"{balanced}: MLflow holds a run for this cell but its run files are gone" in (res.output)
+    )
+    run_cli(report_command, "--config", str(config), "--out", str(out), "--allow-mismatch", "--no-plots")
+    assert "| balanced † |" in (out / "last.md").read_text()

@@ -94,10 +94,11 @@ class Source:
             return int(rows[-1]["step"])
         return 0
 
-    def evals(self) -> dict[int, dict[str, dict[str, Any]]]:
-        """{step: {benchmark: metrics.json content}} of every evaluation on disk; a cell without its
-        own step 0 takes its base model's (``base_dir``), so its eval curves start at step 0."""
-        out = _evals_in(self.run_dir)
+    def evals(self, upto: int) -> dict[int, dict[str, dict[str, Any]]]:
+        """{step: {benchmark: metrics.json content}} of every evaluation on disk up to step ``upto``
+        (the committed step: one past it evaluated a checkpoint that a retrain discarded); a cell
+        without its own step 0 takes its base model's (``base_dir``), so its eval curves start at 0."""
+        out = {step: by for step, by in _evals_in(self.run_dir).items() if step <= upto}
         if self.base_dir is not None and 0 not in out:
             base = _evals_in(self.base_dir).get(0)
             if base:
@@ -234,9 +235,10 @@ def ingest_source(src: Source, uri: str, experiment: str) -> dict[str, Any]:
         run.set_tags(changed)
     params = log_cell_params(run, src.run_dir, have=before.data.params) if src.kind == "cell" else 0
     rows = src.rows()
-    steps = run.sync(rows, upto=src.committed_step(rows)) if rows else 0
+    committed = src.committed_step(rows)
+    steps = run.sync(rows, upto=committed) if rows else 0
     eval_values = 0
-    for step, by_bench in sorted(src.evals().items()):
+    for step, by_bench in sorted(src.evals(upto=committed).items()):
         logged, _ = run.log_step_metrics(step, *eval_to_mlflow(by_bench))
         eval_values += len(logged)
     status = status_from_files(src, rows, run.created)
@@ -294,10 +296,13 @@ def ingest(
 
 @dataclass(frozen=True)
 class Problem:
-    """A disagreement between the run files and MLflow. ``kind``: no_run, missing, different
-    (errors: the files hold something MLflow lacks), extra (a warning: MLflow holds a training
-    step that the committed files do not, e.g. rows cut off by a resume) or duplicate_runs (a
-    warning: several runs carry one cell's tag; readers use the earliest)."""
+    """A disagreement between the run files and MLflow. Errors: ``no_run``, ``missing``,
+    ``different`` (the files hold something MLflow lacks or holds otherwise), ``extra`` (MLflow holds
+    a training step or an evaluation that the committed files do not: rows cut off by a resume, an
+    evaluation whose files were removed; ``aggbench ingest`` rebuilds such a run from the files) and
+    ``no_files`` (MLflow holds a run for a grid cell whose run files are gone: a deleted run
+    directory). Warning: ``duplicate_runs`` (several runs carry one cell's tag; readers use the
+    earliest)."""
 
     cell_id: str
     kind: str
@@ -308,7 +313,7 @@ class Problem:
 
     @property
     def is_error(self) -> bool:
-        return self.kind in ("no_run", "missing", "different")
+        return self.kind in ("no_run", "missing", "different", "extra", "no_files")
 
     def __str__(self) -> str:
         where = (
@@ -322,6 +327,11 @@ class Problem:
             return f"{where}: {self.in_files!r} in the files, missing in MLflow"
         if self.kind == "different":
             return f"{where}: {self.in_files!r} in the files, {self.in_mlflow!r} in MLflow"
+        if self.kind == "no_files":
+            return (
+                f"{where}: MLflow holds a run for this cell but its run files are gone (a deleted run "
+                "directory): its values are not the grid's; retrain the cell (snakemake) or delete the run"
+            )
         if self.kind == "duplicate_runs":
             return f"{self.cell_id}: {self.key}; the earliest is read"
         return f"{where}: in MLflow ({self.in_mlflow!r}) but not in the committed run files"
@@ -337,7 +347,7 @@ def summarize(problems: Sequence[Problem], *, each: int = 5) -> list[str]:
     what = {
         "missing": "values in the files are missing in MLflow",
         "different": "values differ between the files and MLflow",
-        "extra": "training steps are in MLflow but not in the committed files",
+        "extra": "training steps or evaluations are in MLflow but not in the committed files",
     }
     for (cid, kind), ps in groups.items():
         if len(ps) <= each or kind not in what:
@@ -405,7 +415,10 @@ def _compare(cid: str, expected: dict[str, dict[int, float]], client: Any, run_i
 
 
 def verify_source(src: Source, client: Any, run: Any | None) -> list[Problem]:
-    """Every value in ``src``'s committed files that MLflow lacks or holds differently."""
+    """Every value in ``src``'s committed files that MLflow lacks or holds differently, and every
+    training step or evaluation MLflow holds that the files do not."""
+    if run is not None and not src.run_dir.is_dir():
+        return [Problem(src.cell_id, "no_files")]
     rows = src.rows()
     committed = src.committed_step(rows)
     expected: dict[str, dict[int, float]] = {}
@@ -413,19 +426,22 @@ def verify_source(src: Source, client: Any, run: Any | None) -> list[Problem]:
         if int(row["step"]) <= committed:
             for k, v in _numeric(row).items():
                 expected.setdefault(k, {})[int(row["step"])] = v
-    for step, by_bench in src.evals().items():
+    for step, by_bench in src.evals(upto=committed).items():
         for bench, metrics in by_bench.items():
             for k, v in eval_metric_values(bench, metrics).items():
                 expected.setdefault(k, {})[step] = v
-    if not expected:
-        return []
     if run is None:
-        return [Problem(src.cell_id, "no_run")]
+        return [Problem(src.cell_id, "no_run")] if expected else []
+    held = [k for k in run.data.metrics if k == SENTINEL or k.startswith("eval/")]
+    if not expected:
+        return [Problem(src.cell_id, "no_files")] if held else []
     problems = _compare(src.cell_id, expected, client, run.info.run_id)
     file_steps = {int(r["step"]) for r in rows if int(r["step"]) <= committed}
-    for step, value in metric_history(client, run.info.run_id, SENTINEL).items():
-        if step not in file_steps:
-            problems.append(Problem(src.cell_id, "extra", SENTINEL, step, None, value))
+    for key in sorted(held):
+        have = file_steps if key == SENTINEL else set(expected.get(key, {}))
+        for step, value in metric_history(client, run.info.run_id, key).items():
+            if step not in have:
+                problems.append(Problem(src.cell_id, "extra", key, step, None, value))
     return problems
 
 
@@ -437,6 +453,6 @@ def verify(exp: dict, client: Any | None = None) -> list[Problem]:
         Problem(cid, "duplicate_runs", f"{n} runs tagged {CELL_TAG}={cid}") for cid, n in dupes.items()
     ]
     for src in sources(exp):
-        if src.run_dir.is_dir():
+        if src.run_dir.is_dir() or src.cell_id in runs:
             problems += verify_source(src, client, runs.get(src.cell_id))
     return sorted(problems, key=lambda p: (not p.is_error, p.cell_id, p.key, p.step or 0))
