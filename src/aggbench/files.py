@@ -16,21 +16,36 @@ from typing import TextIO
 def atomic_writer(path: str | Path) -> Iterator[TextIO]:
     """A UTF-8 text handle whose content replaces ``path`` when the block ends without an error;
     on an error the temporary file is removed and ``path`` is left as it was. The file gets the
-    usual permissions (0666 minus the umask), not mkstemp's 0600."""
+    usual permissions (0666 minus the umask), not mkstemp's 0600. The content is on disk before
+    the rename and the rename before the return (fsync of the file, then of its folder), so a node
+    that loses power keeps the old file or the new one, never an empty one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable; a filesystem that cannot fsync a folder is left as it is."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def write_atomic(path: str | Path, text: str) -> Path:

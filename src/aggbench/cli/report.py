@@ -169,7 +169,7 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
     if exp["evaluation"].get("extra_seeds"):  # training seed vs evaluation sampling vs problems
         from aggbench.report.variance import write_variance
 
-        paths += write_variance(exp, out)
+        paths += write_variance(exp, out, stale={c.cell.id for c in col.cells if c.stale})
     greedy: list[Path] = []
     if exp["evaluation"].get("greedy"):  # the greedy n=1 protocol's own tables, beside avg@n's
         with click_error(ValueError):

@@ -34,7 +34,7 @@ checks this on simulated pairs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,15 +126,19 @@ class Row:
     components: Components
 
 
-def variance_rows(exp: dict) -> tuple[list[Row], list[str]]:
+def variance_rows(exp: dict, stale: Collection[str] = ()) -> tuple[list[Row], list[str]]:
     """One row per (model, dataset, rule, benchmark) with >= 2 training seeds, at the last step
-    every seed has under every evaluation seed; and notes on what could not be decomposed."""
+    every seed has under every evaluation seed; and notes on what could not be decomposed.
+    ``stale``: cell ids trained under another version of their rule (the tables leave them out:
+    ``CellData.stale``), left out here too and named in the notes."""
     results = grid.results_dir(exp)
     extra = [int(k) for k in exp["evaluation"].get("extra_seeds") or []]
-    rows, notes = [], []
+    rows: list[Row] = []
+    notes = [f"{cid}: trained under another version of its rule, left out" for cid in sorted(stale)]
     groups: dict[tuple[str, str, str], list[grid.Cell]] = {}
     for c in grid.cells(exp):
-        groups.setdefault((c.model, c.dataset, c.aggregation), []).append(c)
+        if c.id not in stale:
+            groups.setdefault((c.model, c.dataset, c.aggregation), []).append(c)
     for (model, dataset, rule), cells in groups.items():
         steps = grid.eval_steps(exp, model)
         for bench in grid.test_benchmarks(exp):
@@ -225,14 +229,15 @@ def to_markdown(rows: Sequence[Row], notes: Sequence[str], experiment: str) -> s
     return "\n".join(lines) + "\n"
 
 
-def write_variance(exp: dict, out_dir: Path) -> list[Path]:
-    """``variance.md`` and ``variance.csv`` under ``out_dir`` (atomic); returns the paths."""
+def write_variance(exp: dict, out_dir: Path, stale: Collection[str] = ()) -> list[Path]:
+    """``variance.md`` and ``variance.csv`` under ``out_dir`` (atomic; ``stale`` as in
+    :func:`variance_rows`); returns the paths."""
     import csv
     import io
 
     from aggbench.files import write_atomic
 
-    rows, notes = variance_rows(exp)
+    rows, notes = variance_rows(exp, stale)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
     w.writeheader()
