@@ -114,3 +114,33 @@ def test_the_grader_ledger_is_in_the_table_notes(grid):
         "differ among the benchmark's grader, plain math-verify and the DAPO verifier (2 vs math-verify, "
         "7 vs DAPO), 1 grading time-outs"
     ) in md
+
+
+def test_a_cell_trained_under_another_config_than_the_grids_is_flagged_with_the_fields(grid):
+    """A grid edited after training (a finished cell is not retrained: train.smk reads its cell
+    config as ancient): the report compares each cell's stored resolved config with the config the
+    grid gives it now, as a resume would, and flags the row naming the fields. A field a resume may
+    change (total_steps, paths) does not count, nor does an unchanged config."""
+    import yaml
+
+    from aggbench import layout
+    from aggbench.grid import cell_train_config, load_experiment
+
+    tmp_path, config = grid
+    exp = load_experiment(config)
+    root = tmp_path / "results" / "runs"
+    for rule, seed in (("token", 0), ("token", 1), ("balanced", 0)):
+        cfg = cell_train_config(exp, rf.cell_id(rule, seed)).model_dump(mode="json")
+        if (rule, seed) == ("token", 1):
+            cfg["algorithm"]["lr"] = cfg["algorithm"]["lr"] * 2  # trained before the grid's lr changed
+        if rule == "balanced":
+            cfg["algorithm"]["total_steps"] = 99  # resume-mutable: not a change of experiment
+        path = layout.resolved_config_file(root / rf.cell_id(rule, seed))
+        path.write_text(yaml.safe_dump(cfg))
+    rows, md = _report(tmp_path, config)
+    assert (
+        f"token: {rf.cell_id('token', 1)}: trained under another config than the grid's now (algorithm.lr: "
+        in md
+    )
+    assert "| token † |" in md and "| balanced |" in md
+    assert md.count("trained under another config") == 1

@@ -44,6 +44,9 @@ class CellData:
     # the evaluation's bootstrap interval of the tabulated metric, where it has one (avg@n):
     # {benchmark: {step: (low, high)}} in percent; shown when a row has one seed
     ci: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
+    # fields that change training and differ between the config the cell was trained under
+    # (config.resolved.yaml) and the one the grid gives it now: a grid edited after training
+    config_changes: list[str] = field(default_factory=list)
 
     @property
     def stale(self) -> bool:
@@ -74,6 +77,12 @@ class CellData:
             why = "run files exist; run `aggbench ingest`" if self.has_files else "no run files either"
             return f"no MLflow run ({why})"
         parts = []
+        if self.config_changes:
+            shown = ", ".join(self.config_changes[:3]) + (", ..." if len(self.config_changes) > 3 else "")
+            parts.append(
+                f"trained under another config than the grid's now ({shown}); a finished cell is not "
+                "retrained when the grid changes: move its run directory away to retrain it"
+            )
         if self.trained_to < self.total:
             parts.append(f"trained to step {self.trained_to} of {self.total}")
         have = self.complete_steps(benchmarks)
@@ -179,6 +188,27 @@ def _trained_version(run_dir: Any, run: Any) -> str | None:
     return str(tag) if tag is not None else None
 
 
+def _config_changes(exp: dict, cell_id: str, run_dir: Any) -> list[str]:
+    """What a resume would refuse (``run_config.resume_conflicts``: the fields that change training)
+    between the cell's stored resolved config and the config the grid gives it now; [] before the
+    trainer wrote one."""
+    import yaml
+
+    from aggbench.grid import cell_train_config
+    from aggbench.run_config import resume_conflicts
+
+    path = layout.resolved_config_file(run_dir)
+    if not path.is_file():
+        return []
+    try:
+        previous = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        return [f"{path.name} unreadable ({type(exc).__name__})"]
+    if not isinstance(previous, dict):
+        return [f"{path.name} is not a mapping"]
+    return resume_conflicts(previous, cell_train_config(exp, cell_id))
+
+
 def collect(
     exp: dict,
     client: Any,
@@ -212,6 +242,7 @@ def collect(
         )
         data.expected_version = (rule_versions or {}).get(c.aggregation)
         data.rule_version = _trained_version(layout.run_dir(root, c.id), run)
+        data.config_changes = _config_changes(exp, c.id, layout.run_dir(root, c.id))
         if run is not None and not data.stale:
             rid = run.info.run_id
             # A cell run's step 0 is the base model's evaluation, copied there by ingest so the
