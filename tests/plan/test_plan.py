@@ -237,11 +237,14 @@ def test_plan_block_inputs_and_errors(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": True, "top_p": 0.95}))
     (tmp_path / "torn.json").write_text('{"hidden_size": 20')
     (tmp_path / "list.json").write_text("[1, 2]")
+    sizes = {"num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 8, "vocab_size": 16}
+    (tmp_path / "4k.json").write_text(json.dumps({"hidden_size": "4k", **sizes}))
     (tmp_path / "latin1.json").write_bytes('{"model_type": "qwen2", "name": "modèle"}'.encode("latin-1"))
     for name, message in (
         ("generation_config.json", "missing hidden_size"),
         ("torn.json", "is not valid JSON"),
         ("list.json", "expected a JSON object, got list"),
+        ("4k.json", "not a decoder's sizes (ValueError: invalid literal for int()"),
         ("latin1.json", "not UTF-8 text (byte 0xe8 at byte "),
         ("nowhere", "nowhere does not exist (expected a model's config.json); point it at a model's"),
     ):

@@ -179,8 +179,12 @@ def test_a_pilot_whose_spread_sampling_explains_has_no_training_part(tmp_path):
         _cell(tmp_path, "sequence", seed, [HALF] * 5)
         _cell(tmp_path, "token", seed, [ALL] * flips + [HALF] * (5 - flips))
     p = pilot(tmp_path, "sequence", "token", "tiny_test")
-    assert p.sd**2 < p.sd_eval**2 and p.sd_train == 0.0
-    assert p.sd_at(100 * K) == pytest.approx(p.sd_eval / 10)
+    cells = [_sampling_var([HALF] * 5)] * 3 + [_sampling_var([ALL] * f + [HALF] * (5 - f)) for f in (1, 0, 2)]
+    assert p.sd**2 < 2 * np.mean(cells)  # the sampling estimate alone exceeds the observed spread
+    assert p.sd_train == 0.0 and p.sd_eval == p.sd  # so sampling's part is all of it, no more
+    sds = [p.sd_at(k) for k in (K, 2 * K, 4 * K, 16 * K)]
+    assert sds[0] == pytest.approx(p.sd) and sds == sorted(sds, reverse=True)  # more samples never cost seeds
+    assert p.sd_at(100 * K) == pytest.approx(p.sd / 10)
 
 
 def _token(up: int, down: int = 0, problems: int = 20) -> list[list[bool]]:
@@ -231,7 +235,7 @@ def test_a_pilot_reads_every_pair_at_the_latest_step_all_of_them_evaluated(tmp_p
     late.joinpath("step_4").rename(late / "step_6")  # seed 2's token cell evaluated at 6 only
     code, out = _cli("--pilot", str(tmp_path), "--delta", "2")
     assert code == 1 and "no step at which every pilot cell evaluated 'tiny_test'" in out, out
-    assert "tiny__tiny__token__s2 6" in out and "pass --step" in out
+    assert "tiny__tiny__token__s2 6" in out and "whose cells share an evaluated step" in out
 
 
 def test_a_pilot_of_pass_at_k_is_not_split_into_training_and_sampling(tmp_path):

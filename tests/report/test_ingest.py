@@ -357,3 +357,10 @@ def test_mlflow_values_without_files_behind_them_are_errors_until_ingest_rebuild
     )
     run_cli(report_command, "--config", str(config), "--out", str(out), "--allow-mismatch", "--no-plots")
     assert "| balanced † |" in (out / "last.md").read_text()
+    # a retrain that has started (its directory again, nothing committed yet): the old run's values
+    # are extra, which the report's ingest clears by rebuilding the run from the files
+    (runs_dir / balanced).mkdir()
+    kinds = {(p.cell_id, p.kind) for p in verify(exp) if p.is_error}
+    assert kinds == {(balanced, "extra")}
+    run_cli(ingest_command, "--config", str(config), "--quiet")
+    assert [p for p in verify(exp) if p.is_error] == []

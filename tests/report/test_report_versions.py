@@ -120,10 +120,13 @@ def test_a_cell_trained_under_another_config_than_the_grids_is_flagged_with_the_
     """A grid edited after training (a finished cell is not retrained: train.smk reads its cell
     config as ancient): the report compares each cell's stored resolved config with the config the
     grid gives it now, as a resume would, and flags the row naming the fields. A field a resume may
-    change (total_steps, paths) does not count, nor does an unchanged config."""
+    change (total_steps, paths) does not count, nor does an unchanged config. The stored configs
+    go through the trainer's own path: the workflow's cell.yaml, read by load_train_config and
+    written by dump_config."""
     import yaml
 
     from aggbench import layout
+    from aggbench.config import dump_config, load_train_config
     from aggbench.grid import cell_train_config, load_experiment
 
     tmp_path, config = grid
@@ -135,8 +138,9 @@ def test_a_cell_trained_under_another_config_than_the_grids_is_flagged_with_the_
             cfg["algorithm"]["lr"] = cfg["algorithm"]["lr"] * 2  # trained before the grid's lr changed
         if rule == "balanced":
             cfg["algorithm"]["total_steps"] = 99  # resume-mutable: not a change of experiment
-        path = layout.resolved_config_file(root / rf.cell_id(rule, seed))
-        path.write_text(yaml.safe_dump(cfg))
+        run = root / rf.cell_id(rule, seed)
+        layout.cell_config(run).write_text(yaml.safe_dump(cfg))
+        dump_config(load_train_config(layout.cell_config(run)), layout.resolved_config_file(run))
     rows, md = _report(tmp_path, config)
     assert (
         f"token: {rf.cell_id('token', 1)}: trained under another config than the grid's now (algorithm.lr: "

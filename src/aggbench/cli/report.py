@@ -158,9 +158,10 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
             click.echo(f"  ... and {len(lines) - _SHOW} more", err=True)
         if not allow_mismatch:
             raise click.ClickException(
-                f"MLflow does not match the run files; run `aggbench ingest --config {config}` to fill in "
-                "missing values (a value that differs needs its run deleted from MLflow and re-ingested), "
-                "or pass --allow-mismatch to tabulate what MLflow holds, flagged"
+                f"MLflow does not match the run files; run `aggbench ingest --config {config}`, which fills "
+                "in missing values and rebuilds a run holding values its files do not (a run whose run "
+                "files are gone needs its cell retrained or the run deleted), or pass --allow-mismatch "
+                "to tabulate what MLflow holds, flagged"
             )
     with click_error(ValueError):
         col = collect(exp, client, metric=metric, rule_versions=_rule_versions(exp))

@@ -115,6 +115,13 @@ class ModelShape:
                 f"{where}: missing {', '.join(missing)}; aggbench plan needs a decoder-only "
                 "config.json (Llama, Qwen2, Qwen3)"
             )
+        try:  # a size that is no integer ("4k", null) or a model_type that is no string
+            return cls._from_sizes(cfg)
+        except (ValueError, TypeError, ZeroDivisionError, AttributeError) as exc:
+            raise ShapeError(f"{where}: not a decoder's sizes ({type(exc).__name__}: {exc})") from None
+
+    @classmethod
+    def _from_sizes(cls, cfg: dict[str, Any]) -> ModelShape:
         model_type = cfg.get("model_type", "llama")
         heads = int(cfg["num_attention_heads"])
         return cls(

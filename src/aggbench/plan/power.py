@@ -117,9 +117,9 @@ class Pilot:
 
     def sd_at(self, samples: int) -> float:
         """The differences' standard deviation with ``samples`` answers per problem instead of k."""
-        if samples == self.samples:
-            return self.sd
         if self.sd_eval is None or self.sd_train is None:
+            if samples == self.samples:
+                return self.sd
             raise PowerError(
                 f"--samples: the pilot's sd splits into training and sampling for avg@k only, not {self.metric}"
             )
@@ -185,7 +185,9 @@ def pilot(
         differences=diffs,
         settings=len(settings),
         sd=sd,
-        sd_eval=None if var_eval is None else math.sqrt(var_eval),
+        # at most the whole sd: where sampling explains all of it, training's part is 0 and sd_at(k)
+        # is the pilot's sd at its own k (and falls with more samples, never rises)
+        sd_eval=None if var_eval is None else min(math.sqrt(var_eval), sd),
         sd_train=None if var_eval is None else math.sqrt(max(0.0, sd**2 - var_eval)),
     )
 
@@ -213,7 +215,8 @@ def _common_step(runs: list[Path], benchmark: str) -> int:
     if not common:
         last = ", ".join(f"{run.name} {max(steps)}" for run, steps in evaluated.items())
         raise PowerError(
-            f"no step at which every pilot cell evaluated {benchmark!r} (last steps: {last}); pass --step"
+            f"no step at which every pilot cell evaluated {benchmark!r} (last steps: {last}); every pair is "
+            "read at one step: give a pilot directory whose cells share an evaluated step"
         )
     return max(common)
 

@@ -81,7 +81,8 @@ class CellData:
             shown = ", ".join(self.config_changes[:3]) + (", ..." if len(self.config_changes) > 3 else "")
             parts.append(
                 f"trained under another config than the grid's now ({shown}); a finished cell is not "
-                "retrained when the grid changes: move its run directory away to retrain it"
+                "retrained when the grid changes: to retrain it, move its run directory away and delete "
+                "its MLflow run (the new run's params would conflict with the old one's)"
             )
         if self.trained_to < self.total:
             parts.append(f"trained to step {self.trained_to} of {self.total}")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -402,10 +402,12 @@ def _numeric(row: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def _compare(cid: str, expected: dict[str, dict[int, float]], client: Any, run_id: str) -> list[Problem]:
+def _compare(
+    cid: str, expected: dict[str, dict[int, float]], history: Callable[[str], dict[int, float]]
+) -> list[Problem]:
     out = []
     for key, by_step in sorted(expected.items()):
-        hist = metric_history(client, run_id, key)
+        hist = history(key)
         for step, value in sorted(by_step.items()):
             if step not in hist:
                 out.append(Problem(cid, "missing", key, step, value))
@@ -432,15 +434,19 @@ def verify_source(src: Source, client: Any, run: Any | None) -> list[Problem]:
                 expected.setdefault(k, {})[step] = v
     if run is None:
         return [Problem(src.cell_id, "no_run")] if expected else []
-    held = [k for k in run.data.metrics if k == SENTINEL or k.startswith("eval/")]
-    if not expected:
-        return [Problem(src.cell_id, "no_files")] if held else []
-    problems = _compare(src.cell_id, expected, client, run.info.run_id)
+    histories: dict[str, dict[int, float]] = {}  # each key read once (a tracking server is remote)
+
+    def history(key: str) -> dict[int, float]:
+        if key not in histories:
+            histories[key] = metric_history(client, run.info.run_id, key)
+        return histories[key]
+
+    problems = _compare(src.cell_id, expected, history)
     file_steps = {int(r["step"]) for r in rows if int(r["step"]) <= committed}
-    for key in sorted(held):
+    for key in sorted(k for k in run.data.metrics if k == SENTINEL or k.startswith("eval/")):
         have = file_steps if key == SENTINEL else set(expected.get(key, {}))
-        for step, value in metric_history(client, run.info.run_id, key).items():
-            if step not in have:
+        for step, value in history(key).items():
+            if step not in have:  # a directory with no committed values yet: all of the run's
                 problems.append(Problem(src.cell_id, "extra", key, step, None, value))
     return problems
 
