@@ -233,17 +233,17 @@ def collect(
     root = results_dir(exp)
     out = []
     for c in cells(exp):
-        run = runs.get(c.id)
+        run, run_dir = runs.get(c.id), layout.run_dir(root, c.id)
         data = CellData(
             c,
             run.info.run_id if run else None,
-            layout.run_dir(root, c.id).is_dir(),
+            run_dir.is_dir(),
             total_steps(exp, c.model),
             eval_steps(exp, c.model),
         )
         data.expected_version = (rule_versions or {}).get(c.aggregation)
-        data.rule_version = _trained_version(layout.run_dir(root, c.id), run)
-        data.config_changes = _config_changes(exp, c.id, layout.run_dir(root, c.id))
+        data.rule_version = _trained_version(run_dir, run)
+        data.config_changes = _config_changes(exp, c.id, run_dir)
         if run is not None and not data.stale:
             rid = run.info.run_id
             # A cell run's step 0 is the base model's evaluation, copied there by ingest so the
@@ -270,13 +270,8 @@ def collect(
                 for b in benchmarks
                 if (note := run.data.tags.get(metric_names.mlflow_key(b, "notes")))
             }
-            wanted = [
-                SENTINEL,
-                *train_keys,
-                f"agg/{c.aggregation}/weight_pos",
-                f"agg/{c.aggregation}/weight_neg",
-            ]
-            wanted.append(f"agg/{c.aggregation}/weight_ratio")
+            weights = [f"agg/{c.aggregation}/{w}" for w in ("weight_pos", "weight_neg", "weight_ratio")]
+            wanted = [SENTINEL, *train_keys, *weights]
             data.train = {k: metric_history(client, rid, k) for k in wanted}
         out.append(data)
     base: dict[str, dict[str, float]] = {}
