@@ -339,16 +339,19 @@ def eval_steps(exp: dict, model: str | None = None) -> list[int]:
     return sorted({s for s in steps if s % every == 0} | {steps[-1]})
 
 
-def cell_train_config(exp: dict, cid: str) -> Any:
-    """The validated TrainConfig of one cell (paths under results_dir)."""
+def cell_train_config(exp: dict, cid: str, *, specs: dict[str, Any] | None = None) -> Any:
+    """The validated TrainConfig of one cell (paths under results_dir). specs: a dict the caller
+    keeps across calls, {dataset: its loaded spec}, so a loop over cells loads each spec once."""
     from aggbench.config import TrainConfig
     from aggbench.data import load_training_spec
 
     c = cell_by_id(exp, cid)
     model = exp["models"][c.model]
     agg = next(a for a in aggregations(exp) if a["name"] == c.aggregation)
-    ds_spec = load_training_spec(exp["datasets"][c.dataset]["spec"])
-    root = results_dir(exp)
+    specs = {} if specs is None else specs
+    if c.dataset not in specs:
+        specs[c.dataset] = load_training_spec(exp["datasets"][c.dataset]["spec"])
+    ds_spec, root = specs[c.dataset], results_dir(exp)
     training = _merge(exp["training"], model.get("training", {}))
     # the rollouts' stop tokens are training's own (default: the model's EOS only, as verl's vLLM
     # rollout); models.<m>.stop_tokens are the evaluation's

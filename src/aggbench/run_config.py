@@ -105,25 +105,47 @@ def resume_conflicts(previous: dict[str, Any], current: TrainConfig) -> list[str
     ]
 
 
+class ResolvedUnreadable(ValueError):
+    """A run's config.resolved.yaml that cannot be read as a mapping; ``cause`` says why."""
+
+    def __init__(self, path: Path, cause: str) -> None:
+        super().__init__(f"{path} is unreadable ({cause})")
+        self.path, self.cause = path, cause
+
+
+def read_resolved(run_dir: str | Path) -> dict[str, Any] | None:
+    """The config ``run_dir`` was trained with (its config.resolved.yaml, as the trainer dumped it),
+    or None before the trainer wrote one. Raises ResolvedUnreadable for a file that is not YAML, not
+    UTF-8 or not a mapping. The one reader of that file for a resume's check and the report's."""
+    stored = resolved_config_file(run_dir)
+    if not stored.exists():
+        return None
+    try:
+        previous = yaml.safe_load(stored.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ResolvedUnreadable(stored, f"not valid YAML: {yaml_problem(exc)}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ResolvedUnreadable(stored, f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(previous, dict):
+        raise ResolvedUnreadable(stored, "not a mapping")
+    return previous
+
+
 def check_resume(run_dir: str | Path, current: TrainConfig, *, allow_change: bool = False) -> None:
     """Refuse to resume ``run_dir`` (which has a checkpoint) when its stored resolved config differs
     from ``current`` in a field that changes training. Raises ConfigError naming each field and the fixes."""
-    stored = resolved_config_file(run_dir)
-    if allow_change or not stored.exists():
+    if allow_change:
         return
     try:
-        previous = yaml.safe_load(stored.read_text(encoding="utf-8")) or {}
-        cause = "" if isinstance(previous, dict) else "not a mapping"
-    except yaml.YAMLError as exc:
-        cause = f"not valid YAML: {yaml_problem(exc)}"
-    except (OSError, UnicodeDecodeError) as exc:
-        cause = f"{type(exc).__name__}: {exc}"
-    if cause:
+        previous = read_resolved(run_dir)
+    except ResolvedUnreadable as exc:
         raise ConfigError(
-            f"{stored} is unreadable ({cause}); it records the config {run_dir} was trained with, "
+            f"{exc}; it records the config {run_dir} was trained with, "
             "which a resume is checked against. Fix: if this run's config is unchanged, delete that "
             "file (train writes it again) or pass --allow-config-change; otherwise train into a new --out"
-        )
+        ) from None
+    if previous is None:
+        return
     diff = resume_conflicts(previous, current)
     if diff:
         fix = "restore those values, train into a new --out directory, or pass --allow-config-change "

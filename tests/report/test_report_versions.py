@@ -148,3 +148,33 @@ def test_a_cell_trained_under_another_config_than_the_grids_is_flagged_with_the_
     )
     assert "| token † |" in md and "| balanced |" in md
     assert md.count("trained under another config") == 1
+
+
+def test_config_changes_reads_each_spec_once_and_flags_an_unreadable_stored_config(grid, monkeypatch):
+    """``collect.config_changes`` (run once per report, for the avg@n and greedy tables alike) reads
+    each cell's stored config through ``run_config.read_resolved``, the reader a resume's check uses,
+    and loads each dataset's spec once, not once per cell. A stored config that is not a mapping is
+    the row's flag, not a traceback; a cell with none stored is left out."""
+    import yaml
+
+    from aggbench import data, layout
+    from aggbench.grid import cell_train_config, cells, load_experiment
+    from aggbench.report.collect import config_changes
+
+    tmp_path, config = grid
+    exp = load_experiment(config)
+    root = tmp_path / "results" / "runs"
+    ids = [c.id for c in cells(exp)]
+    for cid in ids[1:]:
+        cfg = cell_train_config(exp, cid).model_dump(mode="json")
+        layout.resolved_config_file(root / cid).parent.mkdir(parents=True, exist_ok=True)
+        layout.resolved_config_file(root / cid).write_text(yaml.safe_dump(cfg))
+    layout.resolved_config_file(root / ids[1]).write_text("- a list, not a mapping\n")
+    loads = []
+    real = data.load_training_spec
+    monkeypatch.setattr(data, "load_training_spec", lambda name: loads.append(name) or real(name))
+    got = config_changes(exp)
+    assert len(loads) == len(exp["datasets"]) == 1
+    assert ids[0] not in got  # nothing stored yet
+    assert got[ids[1]] == ["config.resolved.yaml unreadable (not a mapping)"]
+    assert all(got[cid] == [] for cid in ids[2:]) and len(ids) > 2

@@ -132,7 +132,7 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
     """Peak and last-step tables (Markdown, CSV, LaTeX) and plots, from MLflow, checked against the files."""
     from aggbench.grid import results_dir
     from aggbench.metric_names import GREEDY
-    from aggbench.report.collect import collect
+    from aggbench.report.collect import collect, config_changes
     from aggbench.report.ingest import summarize, tracking_uri, verify
     from aggbench.report.render import write_tables
     from aggbench.report.tables import build_tables, check_reported
@@ -164,7 +164,8 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
                 "to tabulate what MLflow holds, flagged"
             )
     with click_error(ValueError):
-        col = collect(exp, client, metric=metric, rule_versions=_rule_versions(exp))
+        changes = config_changes(exp)  # once: both table sets flag the same cells
+        col = collect(exp, client, metric=metric, rule_versions=_rule_versions(exp), changes=changes)
         tables = build_tables(col, mismatched={p.cell_id for p in errors})
     paths = write_tables(tables, out, exp["experiment"], col)
     if exp["evaluation"].get("extra_seeds"):  # training seed vs evaluation sampling vs problems
@@ -174,7 +175,7 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
     greedy: list[Path] = []
     if exp["evaluation"].get("greedy"):  # the greedy n=1 protocol's own tables, beside avg@n's
         with click_error(ValueError):
-            g_col = collect(exp, client, metric=GREEDY, rule_versions=_rule_versions(exp))
+            g_col = collect(exp, client, metric=GREEDY, rule_versions=_rule_versions(exp), changes=changes)
             g_tables = build_tables(g_col, mismatched={p.cell_id for p in errors}, reported=False)
         heading = f"{exp['experiment']}, greedy decoding (n=1, temperature 0)"
         greedy = write_tables(g_tables, layout.greedy_dir(out), heading, g_col)

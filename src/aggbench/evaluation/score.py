@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +133,7 @@ def compute_metrics(
     out = summarize(flat, metrics=[m for m in names if not m.startswith("maj@")], n_boot=n_boot, seed=seed)
     for m in (m for m in names if m.startswith("maj@")):
         k = int(m.split("@")[1])
-        scores = np.array([_majority_correct(v[:k]) for v in ordered])
+        scores = np.array([_majority_correct(v[:k], harness_failed) for v in ordered])
         out[m] = float(scores.mean())
         out[f"{m}_ci"] = list(bootstrap_ci(scores, n_boot=n_boot, seed=seed))
     generated = [r for r in flat if r.get("finish_reason") != PROMPT_TOO_LONG]
@@ -160,14 +160,14 @@ def compute_metrics(
     return out
 
 
-def _majority_correct(samples: Sequence[Mapping[str, Any]]) -> float:
+def _majority_correct(samples: Sequence[Mapping[str, Any]], harness_failed: Callable[[Any], bool]) -> float:
+    """1.0 when the majority answer of ``samples`` (one problem's first k) is graded correct: the
+    verdict of its first sample the grader judged (``harness_failed`` false), else of its first."""
     from aggbench.evaluation.metrics import majority_answer
 
     winner = majority_answer([s.get("extracted") for s in samples])
     if winner is None:
         return 0.0
-    from aggbench.grading.pool import harness_failed
-
     same = [s for s in samples if s.get("extracted") == winner]
     judged = [s for s in same if not harness_failed(s.get("reason"))]
     return float(bool((judged or same)[0]["correct"]))

@@ -189,25 +189,24 @@ def _trained_version(run_dir: Any, run: Any) -> str | None:
     return str(tag) if tag is not None else None
 
 
-def _config_changes(exp: dict, cell_id: str, run_dir: Any) -> list[str]:
-    """What a resume would refuse (``run_config.resume_conflicts``: the fields that change training)
-    between the cell's stored resolved config and the config the grid gives it now; [] before the
-    trainer wrote one."""
-    import yaml
-
+def config_changes(exp: dict) -> dict[str, list[str]]:
+    """{cell id: what a resume would refuse} (``run_config.resume_conflicts``: the fields that change
+    training) between each cell's stored resolved config and the config the grid gives it now; a
+    cell before the trainer wrote one is left out. Computed once per report (each table set's
+    ``collect`` is handed it), the dataset specs loaded once per dataset."""
     from aggbench.grid import cell_train_config
-    from aggbench.run_config import resume_conflicts
+    from aggbench.run_config import ResolvedUnreadable, read_resolved, resume_conflicts
 
-    path = layout.resolved_config_file(run_dir)
-    if not path.is_file():
-        return []
-    try:
-        previous = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        return [f"{path.name} unreadable ({type(exc).__name__})"]
-    if not isinstance(previous, dict):
-        return [f"{path.name} is not a mapping"]
-    return resume_conflicts(previous, cell_train_config(exp, cell_id))
+    root, specs, out = results_dir(exp), {}, {}
+    for c in cells(exp):
+        try:
+            previous = read_resolved(layout.run_dir(root, c.id))
+        except ResolvedUnreadable as exc:
+            out[c.id] = [f"{exc.path.name} unreadable ({exc.cause})"]
+            continue
+        if previous is not None:
+            out[c.id] = resume_conflicts(previous, cell_train_config(exp, c.id, specs=specs))
+    return out
 
 
 def collect(
@@ -217,11 +216,13 @@ def collect(
     metric: str = "avg@n",
     train_keys: Sequence[str] = TRAIN_KEYS,
     rule_versions: Mapping[str, str] | None = None,
+    changes: Mapping[str, list[str]] | None = None,
 ) -> Collected:
     """Read every cell's and base model's metrics (through ``metric_history``) from MLflow.
 
     rule_versions: {aggregation instance: its rule's version now}; a cell trained under another
     version is collected without its numbers (``CellData.stale``), so no table mixes two meanings.
+    changes: ``config_changes(exp)``, computed here when not given.
     """
     benchmarks = list(exp["benchmarks"])
     check_metric_name(metric)
@@ -230,7 +231,7 @@ def collect(
     _check_metric(keys, runs.values())
     # ci_low/ci_high bound avg@n, n the samples per problem: the interval of this metric only
     boot = [b for b in benchmarks if metric_name(b, metric, exp) == metric_name(b, "avg@n", exp)]
-    root = results_dir(exp)
+    root, changes = results_dir(exp), config_changes(exp) if changes is None else changes
     out = []
     for c in cells(exp):
         run, run_dir = runs.get(c.id), layout.run_dir(root, c.id)
@@ -243,7 +244,7 @@ def collect(
         )
         data.expected_version = (rule_versions or {}).get(c.aggregation)
         data.rule_version = _trained_version(run_dir, run)
-        data.config_changes = _config_changes(exp, c.id, run_dir)
+        data.config_changes = changes.get(c.id, [])
         if run is not None and not data.stale:
             rid = run.info.run_id
             # A cell run's step 0 is the base model's evaluation, copied there by ingest so the
