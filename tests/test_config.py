@@ -6,6 +6,7 @@ changes are allowed."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -249,3 +250,26 @@ def test_a_run_stored_with_the_old_seed_key_resumes_under_its_translation(tmp_pa
     cfg.rollout.seeding = "call" if new == "prompt" else "prompt"
     with pytest.raises(ConfigError, match="rollout.seeding"):
         check_resume(run, cfg)
+
+
+def test_resume_data_check_reads_what_was_recorded(tmp_path):
+    """run_config.check_resume_data against data.json: no record (a run from before it existed) or a
+    torn one is not a refusal, and record_data writes it again; the same records pass; others are
+    refused unless allowed."""
+    from aggbench import layout
+    from aggbench.run_config import check_resume_data, record_data
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"id": str(i), "prompt": f"p{i}", "answer": str(i)} for i in range(4)]
+    check_resume_data(run, "a.jsonl", rows)  # nothing recorded
+    layout.data_record_file(run).write_text('{"sha2')
+    check_resume_data(run, "a.jsonl", rows)  # torn: not a record
+    record_data(run, "a.jsonl", rows, 3)
+    assert json.loads(layout.data_record_file(run).read_text())["since_step"] == 3
+    check_resume_data(run, "b.jsonl", [dict(r) for r in rows])  # equal records elsewhere
+    with pytest.raises(ConfigError, match=r"trained on 4 records of a\.jsonl .* 3 records of a\.jsonl"):
+        check_resume_data(run, "a.jsonl", rows[:3])
+    with pytest.raises(ConfigError, match="4 records"):
+        record_data(run, "a.jsonl", rows[::-1], 5)  # the order is what the cursor indexes
+    check_resume_data(run, "a.jsonl", rows[:3], allow_change=True)

@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "prompts": {"config_errors"},  # a bad model.stop_tokens is a ConfigError
     "config": {"config_errors", "files", "graders", "layout", "registry"},
     # a run's recorded config: MLflow params and the resume check (split from config)
-    "run_config": {"config", "config_errors", "layout"},
+    "run_config": {"config", "config_errors", "files", "layout"},
     "tiny/": set(),
     "aggregation/": {"errors", "registry"},
     "data/": {"errors", "files", "graders", "metric_names", "registry", "tiny/"},

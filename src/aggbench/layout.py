@@ -127,6 +127,12 @@ def experiment_file(results: str | Path) -> Path:
     return Path(results) / "experiment.yaml"
 
 
+def data_record_file(run: str | Path) -> Path:
+    """The training records a run directory reads its prompts from: their sha256, count and file,
+    and the step since which (``run_config.record_data``); a resume on other records is refused."""
+    return Path(run) / "data.json"
+
+
 def rule_file(run: str | Path) -> Path:
     """The aggregation rule (instance, rule, version, parameters) a run directory was trained with."""
     return Path(run) / "aggregation.json"

@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 from aggbench.config import TrainConfig
 from aggbench.config_errors import ConfigError, yaml_problem
-from aggbench.layout import resolved_config_file
+from aggbench.files import write_atomic
+from aggbench.layout import data_record_file, resolved_config_file
 
 # Fields that may change between the segments of one run without changing what is trained: where
 # things are, how they are logged and checkpointed, CPU threads, how many rollouts are kept, the
@@ -150,3 +151,64 @@ def check_resume(run_dir: str | Path, current: TrainConfig, *, allow_change: boo
     if diff:
         fix = "restore those values, train into a new --out directory, or pass --allow-config-change "
         raise resume_refused(str(run_dir), diff, fix + "to continue this run with the new values on purpose.")
+
+
+def data_fingerprint(records: list[dict[str, Any]]) -> str:
+    """sha256 of the training records in their order (each one's canonical JSON, one per line): the
+    prompt stream's cursor is a position in this list, so two lists with one hash read the same prompts."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for r in records:
+        h.update(json.dumps(r, sort_keys=True, ensure_ascii=False, default=str).encode() + b"\n")
+    return h.hexdigest()
+
+
+def _stored_data(run_dir: str | Path) -> dict[str, Any] | None:
+    try:
+        stored = json.loads(data_record_file(run_dir).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # none yet (a run started before it was recorded), or torn: rewritten below
+    return stored if isinstance(stored, dict) and "sha256" in stored else None
+
+
+def check_resume_data(
+    run_dir: str | Path, path: str | Path, records: list[dict[str, Any]], *, allow_change: bool = False
+) -> None:
+    """Refuse to resume ``run_dir`` on other training records than it read so far (its data.json):
+    a new ``datasets.X.limit``, another data directory or a re-fetched file changes the list the
+    saved cursor indexes, so the run would go on with prompts its seed never chose. ``dataset.path``
+    itself may move (RESUME_MUTABLE); its content may not. Raises ConfigError naming both."""
+    stored = _stored_data(run_dir)
+    if allow_change or stored is None or stored["sha256"] == data_fingerprint(records):
+        return
+    raise ConfigError(
+        f"{run_dir} was trained on {stored.get('n_records')} records of {stored.get('path')} (sha256 "
+        f"{stored['sha256'][:12]}, {data_record_file(run_dir).name}); this resume would read on in "
+        f"{len(records)} records of {path} (sha256 {data_fingerprint(records)[:12]}). The saved prompt "
+        "cursor is a position in that list, so resuming on another one trains prompts the run's seed "
+        "never chose. Fix: restore the training file (the same datasets.<name>.limit and data "
+        "directory as when the run started), train into a new --out directory, or pass "
+        "--allow-config-change to continue this run on the new records on purpose"
+    )
+
+
+def record_data(
+    run_dir: str | Path,
+    path: str | Path,
+    records: list[dict[str, Any]],
+    step: int,
+    *,
+    allow_change: bool = False,
+) -> None:
+    """Write ``run_dir``'s data.json (the records' sha256, count and file, ``since_step``: the step
+    from which the run reads them) unless it already holds these records; a resume (``step`` > 0)
+    on other records is refused first (``check_resume_data``)."""
+    if step:
+        check_resume_data(run_dir, path, records, allow_change=allow_change)
+    digest = data_fingerprint(records)
+    stored = _stored_data(run_dir)
+    if stored is not None and stored["sha256"] == digest:
+        return
+    body = {"sha256": digest, "n_records": len(records), "path": str(path), "since_step": step}
+    write_atomic(data_record_file(run_dir), json.dumps(body, indent=2) + "\n")

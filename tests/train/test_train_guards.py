@@ -81,3 +81,42 @@ def test_resume_under_another_rule_version_is_refused_naming_both(tmp_path, tiny
     cfg_t, out_t = _one_step(tmp_path, tiny_sft_model, tiny_train_data, "token")
     layout.rule_file(out_t).unlink()
     assert train(cfg_t, out_t, quiet=True)["end_step"] == 2
+
+
+def test_resume_on_other_training_records_is_refused_and_a_moved_file_is_not(
+    tmp_path, tiny_sft_model, tiny_train_data
+):
+    """The prompt cursor a checkpoint saves is a position in the training records, so a resume on
+    other records (a new datasets.X.limit, another data directory) would train prompts the seed never
+    chose: refused naming both files and counts, nothing trained; the same records at a moved path
+    resume (dataset.path may move); --allow-config-change continues on purpose and records since when."""
+    import json
+
+    from aggbench import layout
+    from aggbench.data.training import read_training_records
+    from aggbench.run_config import data_fingerprint
+    from aggbench.train.loop import train
+
+    cell = write_cell(tmp_path / "cell.yaml", tiny_sft_model, tiny_train_data, steps=3, every=1)
+    base = {"tracking.enabled": False, "device": "cpu"}
+    out = tmp_path / "run"
+    train(load_train_config(cell, base), out, until_step=1, quiet=True)
+    first = json.loads(layout.data_record_file(out).read_text())
+    digest = data_fingerprint(read_training_records(tiny_train_data))
+    assert first == {"sha256": digest, "n_records": 256, "path": str(tiny_train_data), "since_step": 0}
+    lines = tiny_train_data.read_text().splitlines(keepends=True)
+    fewer, moved = tmp_path / "fewer.jsonl", tmp_path / "moved.jsonl"
+    fewer.write_text("".join(lines[:-1]))
+    moved.write_text("".join(lines))
+    with pytest.raises(ConfigError) as err:
+        train(load_train_config(cell, {**base, "dataset.path": str(fewer)}), out, quiet=True)
+    msg = str(err.value)
+    assert f"trained on 256 records of {tiny_train_data}" in msg and f"255 records of {fewer}" in msg
+    assert "--allow-config-change" in msg and [r["step"] for r in metrics_rows(out)] == [1]
+    train(load_train_config(cell, {**base, "dataset.path": str(moved)}), out, until_step=2, quiet=True)
+    assert json.loads(layout.data_record_file(out).read_text()) == first  # same records: unchanged
+    changed = load_train_config(cell, {**base, "dataset.path": str(fewer)})
+    train(changed, out, quiet=True, allow_config_change=True)
+    assert [r["step"] for r in metrics_rows(out)] == [1, 2, 3]
+    now = json.loads(layout.data_record_file(out).read_text())
+    assert (now["n_records"], now["path"], now["since_step"]) == (255, str(fewer), 2)

@@ -51,7 +51,7 @@ from aggbench.data.training import read_training_records
 from aggbench.files import disk_full, write_atomic, written_file
 from aggbench.modeldir import loading, require_positions, require_weights
 from aggbench.provenance import record_tags, run_tags
-from aggbench.run_config import check_resume, mlflow_fields, resume_refused
+from aggbench.run_config import check_resume, check_resume_data, mlflow_fields, record_data, resume_refused
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri
 from aggbench.train import batching, checkpoint, parallel, prompt_fit, step_log
 from aggbench.train.parallel import Ranks
@@ -125,6 +125,8 @@ def train(
         checkpoint.check_rule_version(out, rule)
     last = min(until_step or a.total_steps, a.total_steps)
     records = _check_inputs(cfg, start) if start < last else None
+    if start and records is not None:
+        check_resume_data(out, cfg.dataset.path, records, allow_change=allow_config_change)
     prep = Prepared(plugin_files, rule, estimator, records, allow_config_change)
     ranks = parallel.setup(cfg)
     try:
@@ -283,6 +285,8 @@ def _train_segment(
         log.info("%s: already at step %d (asked for %d); nothing to do", cfg.resolved_cell_id, start, last)
         return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": start}
     records = prep.records if prep.records is not None else _check_inputs(cfg, start)  # (another job ran)
+    if main:
+        record_data(out, cfg.dataset.path, records, start, allow_change=prep.allow_change)
     tokenizer, records = _fit_prompts(cfg, out, start, records, main)
     policy, model_dir, state = _open_policy(cfg, out, start, ranks)
     cursor = checkpoint.prompt_cursor(state, start, a.prompts_per_step)
