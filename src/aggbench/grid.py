@@ -184,14 +184,17 @@ def _data_problems(exp: dict) -> list[str]:
         holdout_problems,
         load_data_specs,
         selection_problems,
+        split_problems,
     )
 
     specs = load_data_specs(exp)
     root = results_dir(exp)
     problems = list(specs.problems)
     problems += selection_problems(exp, selection(exp), specs)
-    problems += holdout_problems(specs, {name: data_file(root, name) for name in exp["datasets"]})
+    prepared = {name: data_file(root, name) for name in exp["datasets"]}
+    problems += holdout_problems(specs, prepared)
     problems += fetched_problems(specs, benchmark_data_dir(root))
+    problems += split_problems(specs, prepared, benchmark_data_dir(root))
     for name, ds in exp["datasets"].items():
         problems += _random_reward_problems(name, ds)
     return problems

@@ -372,3 +372,48 @@ def test_a_stale_fetched_copy_stops_the_grid_before_any_job(toy: Path, tmp_path:
     ) as err:
         grid.validate_experiment(exp)
     assert "--refetch toy_val" in str(err.value)
+
+
+def test_a_training_file_and_holdout_fetch_that_read_other_rows_stop_the_grid(
+    toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The holdout benchmark's fetch and prepare-data read the training set's rows separately: with
+    another data directory for one (or a newer offline file), the held-out problems differ and the
+    selection split's problems can be in training, while both spec hashes agree. Each records a
+    digest of its held-out problems; the config check refuses a pair that differs, naming the fix."""
+    from click.testing import CliRunner
+
+    from aggbench import grid
+    from aggbench.cli import main
+    from aggbench.data.fetch import read_lock
+    from aggbench.data.holdout import held_digest, holdout_record_file
+    from aggbench.layout import benchmark_data_dir, data_file
+
+    exp = _toy_grid(toy, tmp_path)
+    exp["benchmarks"] = ["tiny_test", "toy_val"]
+    fetched = benchmark_data_dir(exp["results_dir"])
+    fetch_benchmarks(["toy_val"], fetched, echo=lambda _: None)
+    held = load_holdout(load_training_spec("toy"))[0]
+    assert read_lock(fetched)["toy_val"]["held_digest"] == held_digest(held)
+    # a newer offline file elsewhere, without the problems held out above: another split
+    other = tmp_path / "other-data"
+    other.mkdir()
+    texts = {r["prompt"] for r in held}
+    (other / "toy.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in _toy_rows() if r["problem"] not in texts)
+    )
+    prepared = data_file(exp["results_dir"], "toy")
+    prepared.parent.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("AGGBENCH_DATA_DIR", str(other))
+    res = CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(prepared)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(holdout_record_file(prepared).read_text())["held_digest"] != held_digest(held)
+    with pytest.raises(grid.GridError, match=r"datasets.toy: .*left out other problems") as err:
+        grid.validate_experiment(exp)
+    assert f"holds ({held_digest(held)}" in str(err.value) and "--refetch toy_val" in str(err.value)
+    monkeypatch.setenv("AGGBENCH_DATA_DIR", str(toy / "data"))  # both read the same rows again
+    res = CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(prepared)])
+    assert res.exit_code == 0, res.output
+    grid.validate_experiment(exp)
+    written = {json.loads(x)["prompt"] for x in prepared.read_text().splitlines()}
+    assert written.isdisjoint(texts)

@@ -109,11 +109,13 @@ def prepare_data_command(spec: str, out: str, limit: int | None, fit_to: str | N
     to the chat template as they are. $AGGBENCH_DATA_DIR overrides the hub. Without --fit-to the
     trainer drops over-long prompts itself when it starts (and says so in its run directory).
     """
-    from aggbench.data import load_training_dataset, load_training_spec, write_jsonl
+    from aggbench.data import load_training_spec, write_jsonl
+    from aggbench.data.training import load_training_split
 
     cell = _cell(fit_to) if fit_to else None  # a bad cell config fails before the data loads
     s = load_training_spec(spec)
-    records = [{**r, "prompt": s.render_prompt(r)} for r in load_training_dataset(s, limit=limit)]
+    train, held = load_training_split(s, limit=limit)
+    records = [{**r, "prompt": s.render_prompt(r)} for r in train]
     fit = _fit(cell, fit_to, records, out) if cell else None
     try:
         n = write_jsonl(out, fit.kept if fit else records)  # atomically
@@ -128,7 +130,7 @@ def prepare_data_command(spec: str, out: str, limit: int | None, fit_to: str | N
         click.echo(f"{s.name}: {fit.summary()} (listed in {report})")
     from aggbench.data.holdout import write_holdout_record
 
-    write_holdout_record(out, s)  # what the grid check compares with the spec (its holdout, or none)
+    write_holdout_record(out, s, held)  # what the grid check compares with the spec and the fetch
     if s.holdout is not None:
         click.echo(
             f"{s.name}: {s.holdout.n} problems held out of training (holdout, seed {s.holdout.seed}): a "

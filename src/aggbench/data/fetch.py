@@ -220,21 +220,31 @@ def fetch_benchmarks(
                     f"{name}: the source here ({source}) has public tests only for {public_only} of "
                     f"{count} problems, so its pass rates would not be the benchmark's. {_PUBLIC_FIX}"
                 )
-        entries[name] = {
-            "source": source,
-            "spec_version": spec.version,
-            "data_key": data_key(spec),
-            "file": records_file(root, name).name,
-            "sha256": digest.hexdigest(),
-            "records": count,
-            "public_tests_only": public_only,
-            "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
+        entries[name] = _entry(spec, source, digest.hexdigest(), count, public_only, rows)
         _write_lock(root, entries)
         echo(f"{name}: {count} records from {source} in {time.perf_counter() - t0:.1f} s")
     if not lock_file(root).is_file():
         _write_lock(root, entries)  # a grid of built-in benchmarks only: the rule's output still exists
     return entries
+
+
+def _entry(spec: Any, source: str, sha256: str, count: int, public_only: int, rows: Any) -> dict[str, Any]:
+    """The lock entry of a benchmark just fetched (``rows``: what was written)."""
+    entry = {
+        "source": source,
+        "spec_version": spec.version,
+        "data_key": data_key(spec),
+        "file": records_file(".", spec.name).name,
+        "sha256": sha256,
+        "records": count,
+        "public_tests_only": public_only,
+        "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if spec.holdout_of is not None:  # the problems it holds, compared with prepare-data's record
+        from aggbench.data.holdout import held_digest
+
+        entry["held_digest"] = held_digest(rows)  # a list: load_holdout's
+    return entry
 
 
 _PUBLIC_FIX = (

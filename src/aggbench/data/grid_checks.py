@@ -8,6 +8,8 @@ every Snakefile parse) and handed to each check.
   was held out of (same data, same holdout), so its problems cannot be among theirs.
 - :func:`holdout_problems`: every ``holdout_of`` names a training set that has a holdout, and no
   prepared training file predates its spec's holdout (Snakemake would not rerun prepare_data).
+- :func:`split_problems`: a holdout benchmark's fetched problems are the ones each prepared file of
+  its training set left out (both recorded a digest; the two read the source separately).
 - :func:`fetched_problems`: no fetched benchmark copy was fetched for other spec data (Snakemake
   would not rerun fetch_benchmarks; every generate job would fail instead).
 """
@@ -168,4 +170,38 @@ def fetched_problems(specs: DataSpecs, fetched: Path) -> list[str]:
         stale = stale_entry(spec, entries[b], fetched) if b in entries else None
         if stale:
             problems.append(f"benchmarks: {stale}")
+    return problems
+
+
+def split_problems(specs: DataSpecs, prepared: dict[str, Path], fetched: Path) -> list[str]:
+    """Each fetched holdout benchmark holds exactly the problems each prepared file of its training
+    set left out: ``prepared``: {dataset: its prepared file}; ``fetched``: the grid's fetched copy.
+    Cheap (two small JSON files per pair); a pair without both digests (not fetched or prepared yet,
+    or recorded before digests were kept) is not compared."""
+    from aggbench.data.fetch import FetchedDataError, read_lock
+    from aggbench.data.holdout import recorded_held_digest, training_data_key
+
+    try:
+        entries = read_lock(fetched)
+    except FetchedDataError:
+        return []  # fetched_problems reports it
+    problems = []
+    for b in specs.benchmarks:
+        owner, fetched_digest = specs.owner_of(b), entries.get(b, {}).get("held_digest")
+        if owner is None or fetched_digest is None:
+            continue
+        for name, spec in specs.datasets.items():
+            if training_data_key(spec) != training_data_key(owner) or spec.name != owner.name:
+                continue  # not trained on the spec b is held out of (selection_problems says so)
+            digest = recorded_held_digest(prepared[name])
+            if digest is not None and digest != fetched_digest:
+                problems.append(
+                    f"datasets.{name}: {prepared[name]} left out other problems (digest {digest}) than "
+                    f"benchmark {b} holds ({fetched_digest}, {fetched}): the two read {owner.name}'s rows "
+                    "separately (a data directory set for one and not the other, a newer offline file), "
+                    f"so some of {b}'s problems may be in training. Fix: with $AGGBENCH_DATA_DIR as the "
+                    f"grid runs, delete {prepared[name]} (prepare_data writes it again) and refetch: "
+                    f"aggbench data fetch --benchmarks {b} --out {fetched} --refetch {b}; runs already "
+                    "trained on it saw those problems (retrain them)"
+                )
     return problems

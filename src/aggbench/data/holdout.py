@@ -15,7 +15,10 @@ with ``holdout_of: <that dataset>`` evaluates exactly them (configs/benchmarks/d
   key (:func:`training_data_key`: every field that decides which problems are held out and which
   rows train); the config check refuses a prepared file whose record is missing or differs
   (:func:`stale_holdout`), because Snakemake does not rerun ``prepare_data`` when a spec's contents
-  change.
+  change. It also records a digest of the held-out problems (:func:`held_digest`), and the fetch
+  of the ``holdout_of`` benchmark records the digest of the problems it wrote: the two read the
+  training set's rows separately (a data directory set for one and not the other, a newer offline
+  file), so the config check compares them (:func:`aggbench.data.grid_checks.split_problems`).
 """
 
 from __future__ import annotations
@@ -119,17 +122,30 @@ def training_data_key(spec: TrainingDatasetSpec) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def held_digest(records: list[dict[str, Any]]) -> str:
+    """sha256 of the distinct problem keys of ``records`` (sorted: order and repeats do not count),
+    16 hex digits: equal for the prepared file's held-out rows and the holdout benchmark's records
+    exactly when they are the same problems."""
+    keys = sorted({problem_key(r["prompt"]) for r in records})
+    return hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
+
+
 def holdout_record_file(data: str | Path) -> Path:
     """Beside a prepared training file: the spec it was written from (``prepare-data``)."""
     return Path(data).with_suffix(".holdout.json")
 
 
-def write_holdout_record(out: str | Path, spec: TrainingDatasetSpec) -> None:
-    """Beside a prepared training file: the spec, data key and holdout it was written with."""
+def write_holdout_record(
+    out: str | Path, spec: TrainingDatasetSpec, held_rows: list[dict[str, Any]] | None = None
+) -> None:
+    """Beside a prepared training file: the spec, data key and holdout it was written with, and the
+    held-out rows' :func:`held_digest` (``held_rows``: what ``split_holdout`` left out)."""
     from aggbench.files import write_atomic
 
     held = spec.holdout.model_dump() if spec.holdout is not None else None
     record = {"dataset": spec.name, "data_key": training_data_key(spec), "holdout": held}
+    if spec.holdout is not None and held_rows is not None:
+        record["held_digest"] = held_digest(held_rows)
     write_atomic(holdout_record_file(out), json.dumps(record) + "\n")
 
 
@@ -153,3 +169,13 @@ def stale_holdout(out: str | Path, spec: TrainingDatasetSpec) -> str | None:
         f"selection split's problems. Delete {out} so prepare_data writes it again; runs already "
         "trained on it saw those problems (retrain them, or leave evaluation.selection out)"
     )
+
+
+def recorded_held_digest(out: str | Path) -> str | None:
+    """The held-out problems' digest ``prepare-data`` recorded beside ``out`` (None: no record, or
+    one written before digests were kept)."""
+    try:
+        digest = json.loads(holdout_record_file(out).read_text(encoding="utf-8")).get("held_digest")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return digest if isinstance(digest, str) else None

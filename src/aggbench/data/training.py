@@ -114,14 +114,31 @@ def load_training_dataset(
     spec says so, without the spec's ``holdout`` problems; the first ``limit`` of them."""
     if not isinstance(spec, TrainingDatasetSpec):
         spec = load_training_spec(spec)
-    rows, _source, fields, _offline = spec.open_rows(resolve_data_dir(data_dir))
+    # opened here, not in a shared helper: the sources warn at their loader's caller (stacklevel 4)
+    return _split(spec, spec.open_rows(resolve_data_dir(data_dir)), limit)[0]
+
+
+def load_training_split(
+    spec: TrainingDatasetSpec | str | Path, *, data_dir: str | Path | None = None, limit: int | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(``load_training_dataset``'s records, the rows its ``holdout`` left out: [] without one),
+    from one read of the source."""
+    if not isinstance(spec, TrainingDatasetSpec):
+        spec = load_training_spec(spec)
+    return _split(spec, spec.open_rows(resolve_data_dir(data_dir)), limit)
+
+
+def _split(
+    spec: TrainingDatasetSpec, opened: Any, limit: int | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    rows, _source, fields, _offline = opened
     if spec.holdout is None:
-        return _records(spec, fields, rows, limit)
+        return _records(spec, fields, rows, limit), []
     train, held = split_holdout(spec, _records(spec, fields, rows, None))
     log.info(
         "%s: %d rows of %d problems held out of training (holdout)", spec.name, len(held), spec.holdout.n
     )
-    return train[:limit] if limit is not None else train
+    return (train[:limit] if limit is not None else train), held
 
 
 def _records(
@@ -186,6 +203,7 @@ __all__ = [
     "TrainingDatasetSpec",
     "list_training_datasets",
     "load_training_dataset",
+    "load_training_split",
     "load_training_spec",
 ]
 
