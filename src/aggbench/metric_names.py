@@ -25,6 +25,9 @@ KINDS = ("avg", "pass", "maj")
 # context cut short, and decided by the grading harness (a time-out, a crashed worker, an error;
 # graded wrong)
 NOTED_COUNTS = ("not_generated", "context_capped", "not_judged")
+# ... and the problems a benchmark was scored on, which the report compares across a table's cells
+# (an evaluation.limit or a trimmed samples file would put a score over other problems beside them)
+EVAL_COUNTS = (*NOTED_COUNTS, "n_problems")
 # the grader-disagreement ledger of an answer benchmark (aggbench.grading.ledger.LEDGER_COUNTS)
 LEDGER_COUNTS = (
     "ledger_verdicts",
@@ -83,7 +86,7 @@ def in_mlflow_units(name: str, value: Any) -> float:
 def eval_metric_values(benchmark: str, metrics: Mapping[str, Any]) -> dict[str, float]:
     """The MLflow metrics of one benchmark's ``metrics.json`` content: every avg@/pass@/maj@ value
     (``metrics["metrics"]`` lists them), the CI of avg@n and the truncation rate, all in percent;
-    the mean length, the context counts and the grader ledger's counts as they are; and, where
+    the mean length, the problem and context counts and the grader ledger's counts as they are; and, where
     ``metrics["greedy"]`` holds the greedy protocol's metrics.json, :data:`GREEDY_NAMES` from it."""
     out = {
         mlflow_key(benchmark, m): in_mlflow_units(m, metrics[m])
@@ -96,7 +99,7 @@ def eval_metric_values(benchmark: str, metrics: Mapping[str, Any]) -> dict[str, 
         "mean_length",
         "truncation_rate",
         *PROBABILITY,
-        *NOTED_COUNTS,
+        *EVAL_COUNTS,
         *LEDGER_COUNTS,
     ):
         if metrics.get(name) is not None:

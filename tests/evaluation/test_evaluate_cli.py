@@ -108,7 +108,7 @@ def test_log_eval_metrics_skips_keys_already_at_the_step(store, tmp_path):
         "maj@4": 0.0,
         "metrics": ["avg@4", "pass@1", "pass@4", "maj@4"],
     }
-    first |= {"ci_low": 0.1, "ci_high": 0.4, "mean_length": 12.5, "truncation_rate": 0.0}
+    first |= {"ci_low": 0.1, "ci_high": 0.4, "mean_length": 12.5, "truncation_rate": 0.0, "n_problems": 8}
     res = log_eval_metrics(run_dir, "cell-b", 5, {"math500": first}, tracking_uri=store)
     assert sorted(res["logged"]) == sorted(f"eval/math500/{k}" for k in EVAL_KEYS_N4)
     # a rerun at step 5 with other values (a changed grader, say) keeps the first values; a new

@@ -82,6 +82,8 @@ def eval_metrics(bench: str, value: float) -> dict:
         "pass@4": min(1.0, value + 0.2),
         "maj@4": value,
         "metrics": ["avg@4", "pass@1", "pass@4", "maj@4"],
+        "n_problems": 16,
+        "n_samples": 4,
         "n_responses": 64,
         "n_correct": int(64 * value),
         "ci_low": max(0.0, value - 0.1),

@@ -18,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # The MLflow key names (after eval/{benchmark}/) of one benchmark's metrics.json with n = 4: every
-# avg@/pass@/maj@ value plus the confidence interval and the length statistics.
+# avg@/pass@/maj@ value plus the confidence interval, the length statistics and the problem count.
 EVAL_KEYS_N4 = [
     "avg_at_4",
     "pass_at_1",
@@ -28,6 +28,7 @@ EVAL_KEYS_N4 = [
     "ci_high",
     "mean_length",
     "truncation_rate",
+    "n_problems",
 ]
 
 

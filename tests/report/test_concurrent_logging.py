@@ -108,7 +108,7 @@ def test_four_jobs_log_every_metric_exactly_once(tmp_path, monkeypatch):
         jobs.kill()
     assert sorted(r["cell_id"] for r in first) == ids
     assert all(r["steps"] == STEPS for r in first)
-    assert all(r["eval_values"] == len(EVAL_AT) * len(rf.BENCHES) * 8 for r in first)
+    assert all(r["eval_values"] == len(EVAL_AT) * len(rf.BENCHES) * 9 for r in first)
 
     client = init_store(uri)
     runs, dupes = find_runs(client, "conc")
@@ -120,7 +120,7 @@ def test_four_jobs_log_every_metric_exactly_once(tmp_path, monkeypatch):
         keys = set(run.data.metrics)
         eval_keys = {k for k in keys if k.startswith("eval/")}
         assert keys - eval_keys == train_keys | {"train/step"}
-        assert len(eval_keys) == 8 * len(rf.BENCHES)
+        assert len(eval_keys) == 9 * len(rf.BENCHES)
         counts[cid] = rf.raw_counts(client, run.info.run_id, keys)
         for k in train_keys | {"train/step"}:
             assert counts[cid][k] == list(range(1, STEPS + 1)), (cid, k)

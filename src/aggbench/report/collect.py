@@ -33,8 +33,8 @@ class CellData:
     train: dict[str, dict[int, float]] = field(default_factory=dict)
     rule_version: str | None = None  # what the run was trained under (aggregation.json, else its tag)
     expected_version: str | None = None  # the grid's rule version today
-    # the noted counts (metric_names.NOTED_COUNTS): {"not_generated" | "context_capped" | "not_judged":
-    # {benchmark: {step: n}}}
+    # the evaluation's counts (metric_names.EVAL_COUNTS): {"not_generated" | "context_capped" |
+    # "not_judged" | "n_problems": {benchmark: {step: n}}}
     context: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     # what the evaluation noted per benchmark (MLflow tag eval/{benchmark}/notes): "public tests only"
     # for a code benchmark graded on its public tests only
@@ -257,7 +257,7 @@ def collect(
                     b: _trained(metric_history(client, rid, metric_names.mlflow_key(b, kind)))
                     for b in benchmarks
                 }
-                for kind in metric_names.NOTED_COUNTS
+                for kind in metric_names.EVAL_COUNTS
             }
             data.ledger = {
                 kind: {

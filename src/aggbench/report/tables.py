@@ -43,6 +43,7 @@ Markdown/CSV/LaTeX rendering in ``aggbench.report.render``.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -302,6 +303,41 @@ def _context_notes(context: Mapping[str, Mapping[str, Mapping[int, float]]]) -> 
     return out
 
 
+def _problem_set_notes(
+    groups: Mapping[str, Sequence[CellData]], benchmarks: Sequence[str]
+) -> tuple[list[str], set[str]]:
+    """(notes, rules to flag): a cell scored on another number of problems than most of its table's
+    cells at some step (an ``evaluation.limit``, a trimmed samples file) has a score over another
+    problem set, not comparable with theirs. The most common count per benchmark (ties: the larger)
+    is the table's; cells before n_problems was logged (no values) are not compared."""
+    notes, flagged = [], set()
+    for b in benchmarks:
+        counts = Counter(
+            int(n)
+            for seeds in groups.values()
+            for c in seeds
+            for n in c.context.get("n_problems", {}).get(b, {}).values()
+        )
+        if len(counts) < 2:
+            continue
+        usual = max(counts, key=lambda n: (counts[n], n))
+        for rule, seeds in groups.items():
+            for c in seeds:
+                other = {
+                    t: int(n)
+                    for t, n in sorted(c.context.get("n_problems", {}).get(b, {}).items())
+                    if int(n) != usual
+                }
+                if other:
+                    flagged.add(rule)
+                    at = ", ".join(f"{n} at step {t}" for t, n in other.items())
+                    notes.append(
+                        f"{rule}: {c.cell.id}: {b}: scored on another problem set ({at}; the table's "
+                        f"other cells on {usual}): not comparable; evaluate it on the full set again"
+                    )
+    return notes, flagged
+
+
 def _ledger_notes(ledger: Mapping[str, Mapping[str, Mapping[int, float]]]) -> list[str]:
     """One note per benchmark with a grader ledger (aggbench.grading.ledger): its counts summed over
     the cell's evaluated steps, so a reader sees how many verdicts rest on the grader's choice."""
@@ -392,6 +428,8 @@ def build_tables(
                     f"{rule}: {c.cell.id}: {b}: {_bench_note(n)}" for b, n in sorted(c.bench_notes.items())
                 ]
                 notes += [f"{rule}: {c.cell.id}: {n}" for n in _ledger_notes(c.ledger)]
+        sizes, unequal = _problem_set_notes(groups, col.benchmarks)
+        notes, flagged = notes + sizes, flagged | unequal
         base_vals = col.base.get(model, {})
         missing_base = [b for b in benches if b not in base_vals]
         if col.base_expected and missing_base:
