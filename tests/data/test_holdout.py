@@ -417,3 +417,36 @@ def test_a_training_file_and_holdout_fetch_that_read_other_rows_stop_the_grid(
     grid.validate_experiment(exp)
     written = {json.loads(x)["prompt"] for x in prepared.read_text().splitlines()}
     assert written.isdisjoint(texts)
+
+
+def test_a_holdout_drawn_from_aime_problems_is_found_to_hold_aime24s(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """data.overlap.shared_problems on real rows: a training set built from DAPO's AIME-2024 file (its
+    problems are AIME 2024's, in DAPO's schema and instruction) holds 5 out; fetched beside aime24 (from
+    ../shared/data's AIME-2024 file) all 5 are found in aime24, none in MATH-500; a benchmark that was
+    not fetched is left out rather than counted as sharing none."""
+    from aggbench.data.overlap import shared_problems
+
+    shipped = yaml.safe_load(
+        (Path(__file__).parents[2] / "configs" / "datasets" / "dapo17k.yaml").read_text()
+    )
+    root = tmp_path / "specs"
+    (root / "datasets").mkdir(parents=True)
+    (root / "benchmarks").mkdir()
+    spec = {**shipped, "name": "dapoaime", "offline_file": DAPO_EVAL, "holdout": {"n": 5, "seed": 0}}
+    (root / "datasets" / "dapoaime.yaml").write_text(yaml.safe_dump(spec))
+    val = yaml.safe_load(
+        (Path(__file__).parents[2] / "configs" / "benchmarks" / "dapo17k_val.yaml").read_text()
+    )
+    (root / "benchmarks" / "dapoaime_val.yaml").write_text(
+        yaml.safe_dump({**val, "name": "dapoaime_val", "holdout_of": "dapoaime"})
+    )
+    monkeypatch.setenv("AGGBENCH_DATASET_DIR", str(root / "datasets"))
+    monkeypatch.setenv("AGGBENCH_BENCHMARK_DIR", str(root / "benchmarks"))
+    fetched = tmp_path / "fetched"
+    fetch_benchmarks(
+        ["dapoaime_val", "aime24", "math500"], fetched, data_dir=shared_data, echo=lambda _: None
+    )
+    pairs = [("dapoaime_val", "aime24"), ("dapoaime_val", "math500"), ("dapoaime_val", "olympiadbench")]
+    assert shared_problems(pairs, fetched) == {("dapoaime_val", "aime24"): 5}

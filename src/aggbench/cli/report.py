@@ -37,6 +37,16 @@ def _rule_versions(exp: dict) -> dict[str, str]:
     return {a["name"]: resolve_instance(a).spec.version for a in aggregations(exp)}
 
 
+def _selection_overlaps(exp: dict) -> dict[tuple[str, str], int]:
+    """{(selection benchmark, test benchmark): problems both hold} over the grid's selections, read
+    from its fetched benchmark copy (``data.overlap``): noted under the selected tables."""
+    from aggbench import grid, layout
+    from aggbench.data.overlap import shared_problems
+
+    pairs = [(sel, test) for ds in exp["datasets"] for test, sel in grid.selection_for(exp, ds).items()]
+    return shared_problems(pairs, layout.benchmark_data_dir(grid.results_dir(exp))) if pairs else {}
+
+
 def _load(config: Path) -> dict:
     from aggbench.grid import load_experiment
 
@@ -166,7 +176,8 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
     with click_error(ValueError):
         changes = config_changes(exp)  # once: both table sets flag the same cells
         col = collect(exp, client, metric=metric, rule_versions=_rule_versions(exp), changes=changes)
-        tables = build_tables(col, mismatched={p.cell_id for p in errors})
+        overlaps = _selection_overlaps(exp)  # read once: both table sets choose on the same splits
+        tables = build_tables(col, mismatched={p.cell_id for p in errors}, overlaps=overlaps)
     paths = write_tables(tables, out, exp["experiment"], col)
     if exp["evaluation"].get("extra_seeds"):  # training seed vs evaluation sampling vs problems
         from aggbench.report.variance import write_variance
@@ -176,7 +187,9 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
     if exp["evaluation"].get("greedy"):  # the greedy n=1 protocol's own tables, beside avg@n's
         with click_error(ValueError):
             g_col = collect(exp, client, metric=GREEDY, rule_versions=_rule_versions(exp), changes=changes)
-            g_tables = build_tables(g_col, mismatched={p.cell_id for p in errors}, reported=False)
+            g_tables = build_tables(
+                g_col, mismatched={p.cell_id for p in errors}, reported=False, overlaps=overlaps
+            )
         heading = f"{exp['experiment']}, greedy decoding (n=1, temperature 0)"
         greedy = write_tables(g_tables, layout.greedy_dir(out), heading, g_col)
     plots: list[Path] = []

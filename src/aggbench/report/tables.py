@@ -383,21 +383,58 @@ def _mark_best(rows: Sequence[Row], columns: Sequence[str]) -> None:
             e.best = ok and e.mean is not None and round(e.mean, 1) == top
 
 
-def _selected_about(chosen_on: Mapping[str, str], benches: Sequence[str]) -> list[str]:
-    """What the selected table says under its legend: how it chose, and what it could not."""
+def _selected_about(
+    chosen_on: Mapping[str, str], benches: Sequence[str], overlaps: Mapping[tuple[str, str], int]
+) -> list[str]:
+    """What the selected table says under its legend: how it chose, what it could not, and the test
+    problems a selection benchmark holds too (``overlaps``: ``data.overlap.shared_problems``)."""
     pairs = ", ".join(f"{t} on {v}" for t, v in chosen_on.items())
     out = [SELECTED_NOTE.format(pairs=pairs)]
+    for test, sel in chosen_on.items():
+        if overlaps.get((sel, test)):
+            out.append(
+                f"{sel} holds {overlaps[sel, test]} of {test}'s problems verbatim (same text up to "
+                f"Unicode form and spacing): the checkpoint chosen for {test} has seen them scored"
+            )
     missing = [b for b in benches if b not in chosen_on]
     if missing:
         out.append(f"no selection benchmark for {', '.join(missing)}: not selected, left empty")
     return out
 
 
+def _cell_notes(
+    groups: Mapping[str, Sequence[CellData]], benchmarks: Sequence[str], bad: set[str]
+) -> tuple[list[str], set[str]]:
+    """(notes, rules to flag) of one block's cells: why a cell is missing or unfinished, MLflow
+    differing from its files (``bad``: cell ids), its context, harness and grader-ledger counts, and
+    a problem set that differs from its table's."""
+    notes, flagged = [], set()
+    for rule, seeds in groups.items():
+        for c in seeds:
+            why = [w for w in [c.issue(benchmarks)] if w]  # the selection benchmarks too
+            if c.cell.id in bad:
+                why.append("MLflow differs from the run files (reported with --allow-mismatch)")
+            if why:
+                flagged.add(rule)
+                notes.append(f"{rule}: {c.cell.id}: {'; '.join(why)}")
+            notes += [f"{rule}: {c.cell.id}: {n}" for n in _context_notes(c.context)]
+            notes += [f"{rule}: {c.cell.id}: {b}: {_bench_note(n)}" for b, n in sorted(c.bench_notes.items())]
+            notes += [f"{rule}: {c.cell.id}: {n}" for n in _ledger_notes(c.ledger)]
+    sizes, unequal = _problem_set_notes(groups, benchmarks)
+    return notes + sizes, flagged | unequal
+
+
 def build_tables(
-    col: Collected, *, mismatched: Iterable[str] = (), reported: bool = True
+    col: Collected,
+    *,
+    mismatched: Iterable[str] = (),
+    reported: bool = True,
+    overlaps: Mapping[tuple[str, str], int] | None = None,
 ) -> dict[str, list[Table]]:
     """{"peak": [per-benchmark and best-average table of every block], "last": [...]}.
 
+    overlaps: {(selection benchmark, test benchmark): problems both hold}, noted under the selected
+    table (``data.overlap.shared_problems``; none given: nothing noted).
     mismatched: cell ids whose MLflow data differ from their run files (flagged, not dropped).
     reported: show the config's ``reported:`` numbers and deltas (off for the greedy tables: the
     paper's numbers are of its own sampled protocol, not of greedy decoding).
@@ -414,22 +451,7 @@ def build_tables(
     for model, dataset in col.blocks():
         chosen_on = grid.selection_for(col.exp, dataset)  # per dataset: a holdout of its own set
         groups = col.rule_cells(model, dataset)
-        notes, flagged = [], set()
-        for rule, seeds in groups.items():
-            for c in seeds:
-                why = [w for w in [c.issue(col.benchmarks)] if w]  # the selection benchmarks too
-                if c.cell.id in bad:
-                    why.append("MLflow differs from the run files (reported with --allow-mismatch)")
-                if why:
-                    flagged.add(rule)
-                    notes.append(f"{rule}: {c.cell.id}: {'; '.join(why)}")
-                notes += [f"{rule}: {c.cell.id}: {n}" for n in _context_notes(c.context)]
-                notes += [
-                    f"{rule}: {c.cell.id}: {b}: {_bench_note(n)}" for b, n in sorted(c.bench_notes.items())
-                ]
-                notes += [f"{rule}: {c.cell.id}: {n}" for n in _ledger_notes(c.ledger)]
-        sizes, unequal = _problem_set_notes(groups, col.benchmarks)
-        notes, flagged = notes + sizes, flagged | unequal
+        notes, flagged = _cell_notes(groups, col.benchmarks, bad)
         base_vals = col.base.get(model, {})
         missing_base = [b for b in benches if b not in base_vals]
         if col.base_expected and missing_base:
@@ -464,7 +486,7 @@ def build_tables(
                 for k, e in row.entries.items():
                     e.reported = rep.get(k)
             _mark_best(rows, columns)
-            extra = _selected_about(chosen_on, benches) if definition == "selected" else []
+            extra = _selected_about(chosen_on, benches, overlaps or {}) if definition == "selected" else []
             table = Table(model, dataset, definition, col.metric, columns, rows, notes, n_seeds, extra)
             out[definition if definition in ("last", "selected") else "peak"].append(table)
     return out
