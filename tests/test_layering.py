@@ -34,7 +34,8 @@ ALLOWED: dict[str, set[str]] = {
     "run_config": {"config", "config_errors", "files", "layout"},
     "tiny/": set(),
     "aggregation/": {"errors", "registry"},
-    "data/": {"errors", "files", "graders", "metric_names", "registry", "tiny/"},
+    # layout: where a prepared training file's fetched benchmark copy lies (the holdout split check)
+    "data/": {"errors", "files", "graders", "layout", "metric_names", "registry", "tiny/"},
     "tracking": {"environment", "files", "layout", "provenance"},
     # a run's MLflow tags, also written to its run files (the trainer writes, ingest reads them)
     "provenance": {"environment", "files", "layout"},

@@ -374,49 +374,76 @@ def test_a_stale_fetched_copy_stops_the_grid_before_any_job(toy: Path, tmp_path:
     assert "--refetch toy_val" in str(err.value)
 
 
-def test_a_training_file_and_holdout_fetch_that_read_other_rows_stop_the_grid(
+def test_a_training_file_and_holdout_fetch_that_read_other_rows_are_refused(
     toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The holdout benchmark's fetch and prepare-data read the training set's rows separately: with
     another data directory for one (or a newer offline file), the held-out problems differ and the
     selection split's problems can be in training, while both spec hashes agree. Each records a
-    digest of its held-out problems; the config check refuses a pair that differs, naming the fix."""
+    digest of its held-out problems; whichever job runs second refuses (prepare-data writes no file,
+    the fetch locks nothing), the config check refuses a pair that differs, and following the fix
+    the messages give clears it. A lock or record without a digest (written before) is not compared."""
     from click.testing import CliRunner
 
     from aggbench import grid
     from aggbench.cli import main
-    from aggbench.data.fetch import read_lock
+    from aggbench.data.fetch import lock_file, read_lock
     from aggbench.data.holdout import held_digest, holdout_record_file
     from aggbench.layout import benchmark_data_dir, data_file
 
     exp = _toy_grid(toy, tmp_path)
     exp["benchmarks"] = ["tiny_test", "toy_val"]
-    fetched = benchmark_data_dir(exp["results_dir"])
-    fetch_benchmarks(["toy_val"], fetched, echo=lambda _: None)
+    config = tmp_path / "grid.yaml"
+    config.write_text(yaml.safe_dump(exp))
+    fetched, prepared = benchmark_data_dir(exp["results_dir"]), data_file(exp["results_dir"], "toy")
     held = load_holdout(load_training_spec("toy"))[0]
-    assert read_lock(fetched)["toy_val"]["held_digest"] == held_digest(held)
-    # a newer offline file elsewhere, without the problems held out above: another split
-    other = tmp_path / "other-data"
-    other.mkdir()
     texts = {r["prompt"] for r in held}
+    other = tmp_path / "other-data"  # a newer offline file elsewhere, without those problems
+    other.mkdir()
     (other / "toy.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in _toy_rows() if r["problem"] not in texts)
     )
-    prepared = data_file(exp["results_dir"], "toy")
-    prepared.parent.mkdir(parents=True, exist_ok=True)
-    monkeypatch.setenv("AGGBENCH_DATA_DIR", str(other))
-    res = CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(prepared)])
-    assert res.exit_code == 0, res.output
-    assert json.loads(holdout_record_file(prepared).read_text())["held_digest"] != held_digest(held)
+
+    def prepare(data_dir: Path):
+        monkeypatch.setenv("AGGBENCH_DATA_DIR", str(data_dir))
+        return CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(prepared)])
+
+    # the fetch first, then prepare-data on other rows: refused, nothing written
+    fetch_benchmarks(["toy_val"], fetched, echo=lambda _: None)
+    entry = read_lock(fetched)["toy_val"]
+    assert (entry["holdout_of"], entry["held_digest"]) == ("toy", held_digest(held))
+    res = prepare(other)
+    assert res.exit_code != 0 and "left out other problems of toy" in res.output, res.output
+    assert "--refetch toy_val" in res.output and not prepared.exists()
+    # prepare-data first, then the fetch on other rows: refused, the benchmark not locked
+    lock_file(fetched).unlink()
+    assert prepare(other).exit_code == 0
+    monkeypatch.setenv("AGGBENCH_DATA_DIR", str(toy / "data"))
+    with pytest.raises(SpecError, match=r"left out other problems of toy .* than benchmark toy_val holds"):
+        fetch_benchmarks(["toy_val"], fetched, echo=lambda _: None)
+    assert "toy_val" not in read_lock(fetched)
+    # a pair that differs anyway (a file prepared elsewhere and copied in): the config check, which
+    # the Snakefile and `aggbench report` (through load_experiment) run, refuses it
+    record = json.loads(holdout_record_file(prepared).read_text())
+    prepared.unlink()
+    fetch_benchmarks(["toy_val"], fetched, echo=lambda _: None)
+    assert prepare(toy / "data").exit_code == 0
+    holdout_record_file(prepared).write_text(json.dumps(record))
     with pytest.raises(grid.GridError, match=r"datasets.toy: .*left out other problems") as err:
         grid.validate_experiment(exp)
-    assert f"holds ({held_digest(held)}" in str(err.value) and "--refetch toy_val" in str(err.value)
-    monkeypatch.setenv("AGGBENCH_DATA_DIR", str(toy / "data"))  # both read the same rows again
-    res = CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(prepared)])
-    assert res.exit_code == 0, res.output
+    assert f"holds (digest {held_digest(held)}" in str(err.value) and "--refetch toy_val" in str(err.value)
+    with pytest.raises(grid.GridError, match="left out other problems"):
+        grid.load_experiment(config)
+    # the fix, as the message says: delete the prepared file and refetch (the record may stay)
+    prepared.unlink()
+    fetch_benchmarks(["toy_val"], fetched, refetch=["toy_val"], echo=lambda _: None)
     grid.validate_experiment(exp)
-    written = {json.loads(x)["prompt"] for x in prepared.read_text().splitlines()}
-    assert written.isdisjoint(texts)
+    assert prepare(toy / "data").exit_code == 0
+    grid.validate_experiment(exp)
+    assert {json.loads(x)["prompt"] for x in prepared.read_text().splitlines()}.isdisjoint(texts)
+    # written before digests were kept: not compared
+    holdout_record_file(prepared).write_text(json.dumps({**record, "held_digest": None}))
+    grid.validate_experiment(exp)
 
 
 def test_a_holdout_drawn_from_aime_problems_is_found_to_hold_aime24s(

@@ -115,6 +115,10 @@ def prepare_data_command(spec: str, out: str, limit: int | None, fit_to: str | N
     cell = _cell(fit_to) if fit_to else None  # a bad cell config fails before the data loads
     s = load_training_spec(spec)
     train, held = load_training_split(s, limit=limit)
+    if s.holdout is not None:  # a holdout benchmark fetched beside it must hold these problems
+        from aggbench.data.holdout import check_against_lock
+
+        check_against_lock(out, s.name, held)
     records = [{**r, "prompt": s.render_prompt(r)} for r in train]
     fit = _fit(cell, fit_to, records, out) if cell else None
     try:

@@ -221,6 +221,10 @@ def fetch_benchmarks(
                     f"{count} problems, so its pass rates would not be the benchmark's. {_PUBLIC_FIX}"
                 )
         entries[name] = _entry(spec, source, digest.hexdigest(), count, public_only, rows)
+        if "held_digest" in entries[name]:  # not locked when a prepared file beside held out others
+            from aggbench.data.holdout import check_against_prepared
+
+            check_against_prepared(root, name, entries[name]["holdout_of"], entries[name]["held_digest"])
         _write_lock(root, entries)
         echo(f"{name}: {count} records from {source} in {time.perf_counter() - t0:.1f} s")
     if not lock_file(root).is_file():
@@ -242,7 +246,9 @@ def _entry(spec: Any, source: str, sha256: str, count: int, public_only: int, ro
     }
     if spec.holdout_of is not None:  # the problems it holds, compared with prepare-data's record
         from aggbench.data.holdout import held_digest
+        from aggbench.data.training import load_training_spec
 
+        entry["holdout_of"] = load_training_spec(spec.holdout_of).name
         entry["held_digest"] = held_digest(rows)  # a list: load_holdout's
     return entry
 

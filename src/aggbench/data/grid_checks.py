@@ -179,7 +179,7 @@ def split_problems(specs: DataSpecs, prepared: dict[str, Path], fetched: Path) -
     Cheap (two small JSON files per pair); a pair without both digests (not fetched or prepared yet,
     or recorded before digests were kept) is not compared."""
     from aggbench.data.fetch import FetchedDataError, read_lock
-    from aggbench.data.holdout import recorded_held_digest, training_data_key
+    from aggbench.data.holdout import held_mismatch, recorded_held_digest, training_data_key
 
     try:
         entries = read_lock(fetched)
@@ -195,13 +195,6 @@ def split_problems(specs: DataSpecs, prepared: dict[str, Path], fetched: Path) -
                 continue  # not trained on the spec b is held out of (selection_problems says so)
             digest = recorded_held_digest(prepared[name])
             if digest is not None and digest != fetched_digest:
-                problems.append(
-                    f"datasets.{name}: {prepared[name]} left out other problems (digest {digest}) than "
-                    f"benchmark {b} holds ({fetched_digest}, {fetched}): the two read {owner.name}'s rows "
-                    "separately (a data directory set for one and not the other, a newer offline file), "
-                    f"so some of {b}'s problems may be in training. Fix: with $AGGBENCH_DATA_DIR as the "
-                    f"grid runs, delete {prepared[name]} (prepare_data writes it again) and refetch: "
-                    f"aggbench data fetch --benchmarks {b} --out {fetched} --refetch {b}; runs already "
-                    "trained on it saw those problems (retrain them)"
-                )
+                message = held_mismatch(prepared[name], digest, b, fetched_digest, fetched, owner.name)
+                problems.append(f"datasets.{name}: {message}")
     return problems

@@ -172,10 +172,69 @@ def stale_holdout(out: str | Path, spec: TrainingDatasetSpec) -> str | None:
 
 
 def recorded_held_digest(out: str | Path) -> str | None:
-    """The held-out problems' digest ``prepare-data`` recorded beside ``out`` (None: no record, or
-    one written before digests were kept)."""
+    """The held-out problems' digest ``prepare-data`` recorded beside the prepared file ``out``
+    (None: ``out`` is gone, so prepare_data writes it again; no record; or one written before
+    digests were kept)."""
+    if not Path(out).is_file():
+        return None
     try:
         digest = json.loads(holdout_record_file(out).read_text(encoding="utf-8")).get("held_digest")
     except (OSError, ValueError, AttributeError):
         return None
     return digest if isinstance(digest, str) else None
+
+
+def held_mismatch(
+    prepared: Path, digest: str, benchmark: str, fetched_digest: str, fetched: Path, owner: str
+) -> str:
+    """The one message for a prepared training file and a fetched holdout benchmark that hold other
+    problems out, with the fix: said by the config check, ``prepare-data`` and ``data fetch``."""
+    return (
+        f"{prepared} left out other problems of {owner} (digest {digest}, {holdout_record_file(prepared).name}) "
+        f"than benchmark {benchmark} holds (digest {fetched_digest}, {fetched}): the two read {owner}'s rows "
+        "separately (a data directory set for one and not the other, a newer offline file), so some of "
+        f"{benchmark}'s problems may be in training. Fix: with $AGGBENCH_DATA_DIR as the grid runs, delete "
+        f"{prepared} (prepare_data writes it again) and refetch: aggbench data fetch --benchmarks {benchmark} "
+        f"--out {fetched} --refetch {benchmark}; runs already trained on it saw those problems (retrain them)"
+    )
+
+
+def fetched_beside(prepared: str | Path) -> Path:
+    """The fetched benchmark copy of the results directory a prepared training file lies in
+    (``layout.data_file`` and ``layout.benchmark_data_dir`` are siblings under ``{results}/data``)."""
+    from aggbench.layout import benchmark_data_dir
+
+    return benchmark_data_dir(Path(prepared).parent.parent)
+
+
+def check_against_lock(prepared: str | Path, owner: str, held_rows: list[dict[str, Any]]) -> None:
+    """``prepare-data``'s half: refuse to write ``prepared`` when a holdout benchmark of ``owner``
+    fetched beside it (its lock records ``holdout_of`` and ``held_digest``) holds other problems
+    than ``held_rows``. Raises SpecError with :func:`held_mismatch`'s message."""
+    from aggbench.data.fetch import FetchedDataError, read_lock
+
+    fetched = fetched_beside(prepared)
+    try:
+        entries = read_lock(fetched)
+    except FetchedDataError:
+        return  # the config check names a broken lock
+    digest = held_digest(held_rows)
+    for bench, entry in entries.items():
+        theirs = entry.get("held_digest")
+        if entry.get("holdout_of") == owner and theirs is not None and theirs != digest:
+            raise SpecError(held_mismatch(Path(prepared), digest, bench, theirs, fetched, owner))
+
+
+def check_against_prepared(fetched: str | Path, benchmark: str, owner: str, digest: str) -> None:
+    """``data fetch``'s half: refuse to lock a holdout benchmark of ``owner`` whose problems differ
+    from those a prepared training file beside the copy left out (its ``.holdout.json``)."""
+    data_dir = Path(fetched).parent
+    for record in sorted(data_dir.glob("*.holdout.json")):
+        prepared = record.with_name(record.name.removesuffix(".holdout.json") + ".jsonl")
+        try:
+            dataset = json.loads(record.read_text(encoding="utf-8")).get("dataset")
+        except (OSError, ValueError, AttributeError):
+            continue
+        ours = recorded_held_digest(prepared)
+        if dataset == owner and ours is not None and ours != digest:
+            raise SpecError(held_mismatch(prepared, ours, benchmark, digest, Path(fetched), owner))
