@@ -180,26 +180,45 @@ def test_config_changes_reads_each_spec_once_and_flags_an_unreadable_stored_conf
     assert all(got[cid] == [] for cid in ids[2:]) and len(ids) > 2
 
 
-def test_a_cell_scored_on_another_problem_set_is_flagged_naming_the_counts(grid):
-    """A cell evaluated on fewer problems (an evaluation.limit, a trimmed samples file) has a score
-    over another problem set: the report compares each benchmark's n_problems across a table's
-    cells, notes the cell's counts and the table's, and flags its row; the others stay unflagged."""
+def test_a_cell_scored_on_fewer_problems_is_flagged_naming_the_counts(grid):
+    """A cell evaluated on fewer problems than another cell at the same step (an evaluation.limit, a
+    trimmed samples file) has a score over another problem set: the report compares each
+    benchmark's n_problems step by step across a table's cells, notes the counts and flags the row
+    (the full-set cells stay unflagged, however many cells were trimmed)."""
     tmp_path, config = grid
-    path = (
-        tmp_path
-        / "results"
-        / "runs"
-        / rf.cell_id("balanced", 0)
-        / "eval"
-        / "step_12"
-        / "tiny_test.metrics.json"
-    )
-    path.write_text(json.dumps({**json.loads(path.read_text()), "n_problems": 8}))
+    runs = tmp_path / "results" / "runs"
+    for rule, seed in (("balanced", 0), ("token", 0), ("token", 1)):  # most cells trimmed
+        path = runs / rf.cell_id(rule, seed) / "eval" / "step_12" / "tiny_test.metrics.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "n_problems": 8}))
     rows, md = _report(tmp_path, config)
     assert (
-        f"balanced: {rf.cell_id('balanced', 0)}: tiny_test: scored on another problem set (8 at step 12; the "
-        "table's other cells on 16): not comparable"
+        f"balanced: {rf.cell_id('balanced', 0)}: tiny_test: scored on fewer problems than other cells at "
+        "the same step (8 of 16 at step 12): not comparable"
     ) in md
     assert rows[("last", "balanced", "tiny_test")]["flagged"] == "1"
-    assert rows[("last", "token", "tiny_test")]["flagged"] == "0"
-    assert md.count("scored on another problem set") == 1
+    assert rows[("last", "token", "tiny_test")]["flagged"] == "1"
+    assert "sequence: " not in "".join(x for x in md.splitlines() if "fewer problems" in x)  # full set
+    assert md.count("scored on fewer problems") == 3
+
+
+def test_problem_counts_are_compared_step_by_step_and_a_selection_benchmark_is_noted_only():
+    """A limit changed for every cell between two steps leaves each step comparable: no note; a
+    selection benchmark (not a column) with fewer problems is noted without flagging the row."""
+    from aggbench.grid import Cell
+    from aggbench.report.collect import CellData
+    from aggbench.report.notes import cell_notes
+    from aggbench.tracking import SENTINEL
+
+    def cell(rule, val_at_8):
+        c = CellData(Cell(f"m__d__{rule}__s0", "m", "d", rule, 0), "run", True, 8, [4, 8])
+        c.train, c.evals = {SENTINEL: {8: 1.0}}, {b: {4: 50.0, 8: 60.0} for b in ("tiny_test", "tiny_val")}
+        c.context = {"n_problems": {"tiny_test": {4: 8.0, 8: 30.0}, "tiny_val": {4: 20.0, 8: val_at_8}}}
+        return c
+
+    groups = {"token": [cell("token", 20.0)], "sequence": [cell("sequence", 10.0)]}
+    notes, flagged = cell_notes(groups, ["tiny_test", "tiny_val"], ["tiny_test"], set())
+    assert notes == [
+        "sequence: m__d__sequence__s0: tiny_val: scored on fewer problems than other cells at the same "
+        "step (10 of 20 at step 8): not comparable; evaluate it on the full set again"
+    ]
+    assert flagged == set()

@@ -43,13 +43,13 @@ Markdown/CSV/LaTeX rendering in ``aggbench.report.render``.
 from __future__ import annotations
 
 import statistics
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from aggbench import grid, metric_names
+from aggbench import grid
 from aggbench.report.collect import CellData, Collected
 from aggbench.report.ingest import base_id
+from aggbench.report.notes import cell_notes
 from aggbench.report.stats import peak_to_last, t_interval
 
 AVERAGE = "average"
@@ -278,94 +278,6 @@ def check_reported(exp: dict) -> None:
         raise ValueError("invalid `reported:` block:\n  " + "\n  ".join(problems))
 
 
-CONTEXT_NOTES = dict(
-    zip(
-        metric_names.NOTED_COUNTS,
-        (
-            "responses not generated (their prompt is longer than the model's context), graded wrong",
-            "responses whose max_tokens the model's context cut short",
-            "responses the grading harness decided (a time-out, a crashed worker, an error), graded wrong",
-        ),
-        strict=True,
-    )
-)
-
-
-def _context_notes(context: Mapping[str, Mapping[str, Mapping[int, float]]]) -> list[str]:
-    """One note per (kind, benchmark) the context policy touched at some step (aggbench.evaluation.
-    context): prompts that did not fit (not generated, graded wrong), budgets it capped."""
-    out = []
-    for kind, what in CONTEXT_NOTES.items():
-        for bench, by_step in context.get(kind, {}).items():
-            counts = {t: int(v) for t, v in sorted(by_step.items()) if v}
-            if counts:
-                out.append(f"{bench}: {what}: " + ", ".join(f"{n} at step {t}" for t, n in counts.items()))
-    return out
-
-
-def _problem_set_notes(
-    groups: Mapping[str, Sequence[CellData]], benchmarks: Sequence[str]
-) -> tuple[list[str], set[str]]:
-    """(notes, rules to flag): a cell scored on another number of problems than most of its table's
-    cells at some step (an ``evaluation.limit``, a trimmed samples file) has a score over another
-    problem set, not comparable with theirs. The most common count per benchmark (ties: the larger)
-    is the table's; cells before n_problems was logged (no values) are not compared."""
-    notes, flagged = [], set()
-    for b in benchmarks:
-        counts = Counter(
-            int(n)
-            for seeds in groups.values()
-            for c in seeds
-            for n in c.context.get("n_problems", {}).get(b, {}).values()
-        )
-        if len(counts) < 2:
-            continue
-        usual = max(counts, key=lambda n: (counts[n], n))
-        for rule, seeds in groups.items():
-            for c in seeds:
-                other = {
-                    t: int(n)
-                    for t, n in sorted(c.context.get("n_problems", {}).get(b, {}).items())
-                    if int(n) != usual
-                }
-                if other:
-                    flagged.add(rule)
-                    at = ", ".join(f"{n} at step {t}" for t, n in other.items())
-                    notes.append(
-                        f"{rule}: {c.cell.id}: {b}: scored on another problem set ({at}; the table's "
-                        f"other cells on {usual}): not comparable; evaluate it on the full set again"
-                    )
-    return notes, flagged
-
-
-def _ledger_notes(ledger: Mapping[str, Mapping[str, Mapping[int, float]]]) -> list[str]:
-    """One note per benchmark with a grader ledger (aggbench.grading.ledger): its counts summed over
-    the cell's evaluated steps, so a reader sees how many verdicts rest on the grader's choice."""
-    out = []
-    for bench, by_step in sorted(ledger.get("ledger_verdicts", {}).items()):
-        if not by_step:
-            continue
-        total = {k: int(sum(ledger.get(k, {}).get(bench, {}).values())) for k in ledger}
-        steps = ", ".join(str(t) for t in sorted(by_step))
-        out.append(
-            f"{bench}: grader ledger over steps {steps}: {total['ledger_disagree']} of "
-            f"{total['ledger_verdicts']} verdicts differ among the benchmark's grader, plain math-verify "
-            f"and the DAPO verifier ({total['ledger_vs_math_verify']} vs math-verify, "
-            f"{total['ledger_vs_dapo']} vs DAPO), {total['grading_timeouts']} grading time-outs"
-        )
-    return out
-
-
-def _bench_note(note: str) -> str:
-    """An evaluation's note as a footnote: public tests only says what it means for the number."""
-    if note == "public tests only":
-        return (
-            "public tests only (the offline copy has no private tests): a pass rate on public tests "
-            "is higher than, and not comparable with, one on the full tests"
-        )
-    return note
-
-
 def _mark_best(rows: Sequence[Row], columns: Sequence[str]) -> None:
     """Bold the best value of each column as shown (rounded): the highest, the least drop. A
     random-reward control is no contender, nor is a flagged row (unfinished or missing seeds, or
@@ -402,28 +314,6 @@ def _selected_about(
     return out
 
 
-def _cell_notes(
-    groups: Mapping[str, Sequence[CellData]], benchmarks: Sequence[str], bad: set[str]
-) -> tuple[list[str], set[str]]:
-    """(notes, rules to flag) of one block's cells: why a cell is missing or unfinished, MLflow
-    differing from its files (``bad``: cell ids), its context, harness and grader-ledger counts, and
-    a problem set that differs from its table's."""
-    notes, flagged = [], set()
-    for rule, seeds in groups.items():
-        for c in seeds:
-            why = [w for w in [c.issue(benchmarks)] if w]  # the selection benchmarks too
-            if c.cell.id in bad:
-                why.append("MLflow differs from the run files (reported with --allow-mismatch)")
-            if why:
-                flagged.add(rule)
-                notes.append(f"{rule}: {c.cell.id}: {'; '.join(why)}")
-            notes += [f"{rule}: {c.cell.id}: {n}" for n in _context_notes(c.context)]
-            notes += [f"{rule}: {c.cell.id}: {b}: {_bench_note(n)}" for b, n in sorted(c.bench_notes.items())]
-            notes += [f"{rule}: {c.cell.id}: {n}" for n in _ledger_notes(c.ledger)]
-    sizes, unequal = _problem_set_notes(groups, benchmarks)
-    return notes + sizes, flagged | unequal
-
-
 def build_tables(
     col: Collected,
     *,
@@ -451,7 +341,7 @@ def build_tables(
     for model, dataset in col.blocks():
         chosen_on = grid.selection_for(col.exp, dataset)  # per dataset: a holdout of its own set
         groups = col.rule_cells(model, dataset)
-        notes, flagged = _cell_notes(groups, col.benchmarks, bad)
+        notes, flagged = cell_notes(groups, col.benchmarks, benches, bad)
         base_vals = col.base.get(model, {})
         missing_base = [b for b in benches if b not in base_vals]
         if col.base_expected and missing_base:
