@@ -6,7 +6,6 @@ changes are allowed."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -150,6 +149,7 @@ def test_dump_config_is_atomic(tmp_path, monkeypatch):
     [
         ("algorithm: {lr: [0.1\n", "not valid YAML"),
         ("- 1\n", "not a mapping"),
+        ("", "empty"),
         (b"\xff\xfe", "UnicodeDecodeError"),
     ],
 )
@@ -252,24 +252,30 @@ def test_a_run_stored_with_the_old_seed_key_resumes_under_its_translation(tmp_pa
         check_resume(run, cfg)
 
 
-def test_resume_data_check_reads_what_was_recorded(tmp_path):
+def test_resume_data_check_reads_what_was_recorded(tmp_path, caplog):
     """run_config.check_resume_data against data.json: no record (a run from before it existed) or a
-    torn one is not a refusal, and record_data writes it again; the same records pass; others are
-    refused unless allowed."""
+    torn one is not a refusal, and record_data writes it again, saying that nothing recorded the
+    steps before; the same records pass; others are refused unless allowed, and then kept beside
+    the first set (run_config.data_changes, which the report flags)."""
     from aggbench import layout
-    from aggbench.run_config import check_resume_data, record_data
+    from aggbench.run_config import check_resume_data, data_changes, data_history, record_data
 
     run = tmp_path / "run"
     run.mkdir()
     rows = [{"id": str(i), "prompt": f"p{i}", "answer": str(i)} for i in range(4)]
     check_resume_data(run, "a.jsonl", rows)  # nothing recorded
-    layout.data_record_file(run).write_text('{"sha2')
+    layout.data_record_file(run).write_text('{"reco')
     check_resume_data(run, "a.jsonl", rows)  # torn: not a record
-    record_data(run, "a.jsonl", rows, 3)
-    assert json.loads(layout.data_record_file(run).read_text())["since_step"] == 3
+    with caplog.at_level("WARNING", logger="aggbench.run_config"):
+        record_data(run, "a.jsonl", rows, 3)
+    assert "records what this run trained on before step 3" in caplog.text
+    assert [h["since_step"] for h in data_history(run)] == [3]
     check_resume_data(run, "b.jsonl", [dict(r) for r in rows])  # equal records elsewhere
     with pytest.raises(ConfigError, match=r"trained on 4 records of a\.jsonl .* 3 records of a\.jsonl"):
         check_resume_data(run, "a.jsonl", rows[:3])
-    with pytest.raises(ConfigError, match="4 records"):
+    with pytest.raises(ConfigError, match="move the cell's run directory away"):
         record_data(run, "a.jsonl", rows[::-1], 5)  # the order is what the cursor indexes
-    check_resume_data(run, "a.jsonl", rows[:3], allow_change=True)
+    assert data_changes(run) == []
+    record_data(run, "c.jsonl", rows[:3], 5, allow_change=True)
+    assert [(h["path"], h["since_step"]) for h in data_history(run)] == [("a.jsonl", 3), ("c.jsonl", 5)]
+    assert data_changes(run)[0].startswith("from step 5: 3 records of c.jsonl (sha256 ")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from aggbench.config import TrainConfig
 from aggbench.config_errors import ConfigError, yaml_problem
 from aggbench.files import write_atomic
 from aggbench.layout import data_record_file, resolved_config_file
+
+log = logging.getLogger(__name__)
 
 # Fields that may change between the segments of one run without changing what is trained: where
 # things are, how they are logged and checkpointed, CPU threads, how many rollouts are kept, the
@@ -122,11 +125,13 @@ def read_resolved(run_dir: str | Path) -> dict[str, Any] | None:
     if not stored.exists():
         return None
     try:
-        previous = yaml.safe_load(stored.read_text(encoding="utf-8")) or {}
+        previous = yaml.safe_load(stored.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ResolvedUnreadable(stored, f"not valid YAML: {yaml_problem(exc)}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ResolvedUnreadable(stored, f"{type(exc).__name__}: {exc}") from None
+    if previous is None:
+        raise ResolvedUnreadable(stored, "empty")
     if not isinstance(previous, dict):
         raise ResolvedUnreadable(stored, "not a mapping")
     return previous
@@ -149,7 +154,10 @@ def check_resume(run_dir: str | Path, current: TrainConfig, *, allow_change: boo
         return
     diff = resume_conflicts(previous, current)
     if diff:
-        fix = "restore those values, train into a new --out directory, or pass --allow-config-change "
+        fix = (
+            "restore those values, train into a new --out directory (in the workflow: move the cell's "
+            "run directory away, and it is retrained from step 0), or pass --allow-config-change "
+        )
         raise resume_refused(str(run_dir), diff, fix + "to continue this run with the new values on purpose.")
 
 
@@ -164,12 +172,16 @@ def data_fingerprint(records: list[dict[str, Any]]) -> str:
     return h.hexdigest()
 
 
-def _stored_data(run_dir: str | Path) -> dict[str, Any] | None:
+def data_history(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The training record sets ``run_dir`` read, oldest first (its data.json ``records``: sha256,
+    count, path and ``since_step`` each); more than one when a resume continued on other records
+    (``--allow-config-change``). [] before it was written (a run started before data.json existed)."""
     try:
         stored = json.loads(data_record_file(run_dir).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None  # none yet (a run started before it was recorded), or torn: rewritten below
-    return stored if isinstance(stored, dict) and "sha256" in stored else None
+        return []  # none yet, or torn: record_data writes it again
+    history = stored.get("records") if isinstance(stored, dict) else None
+    return [h for h in history if isinstance(h, dict) and "sha256" in h] if isinstance(history, list) else []
 
 
 def check_resume_data(
@@ -179,17 +191,19 @@ def check_resume_data(
     a new ``datasets.X.limit``, another data directory or a re-fetched file changes the list the
     saved cursor indexes, so the run would go on with prompts its seed never chose. ``dataset.path``
     itself may move (RESUME_MUTABLE); its content may not. Raises ConfigError naming both."""
-    stored = _stored_data(run_dir)
-    if allow_change or stored is None or stored["sha256"] == data_fingerprint(records):
+    history = data_history(run_dir)
+    if allow_change or not history or history[-1]["sha256"] == data_fingerprint(records):
         return
+    stored = history[-1]
     raise ConfigError(
         f"{run_dir} was trained on {stored.get('n_records')} records of {stored.get('path')} (sha256 "
         f"{stored['sha256'][:12]}, {data_record_file(run_dir).name}); this resume would read on in "
         f"{len(records)} records of {path} (sha256 {data_fingerprint(records)[:12]}). The saved prompt "
         "cursor is a position in that list, so resuming on another one trains prompts the run's seed "
         "never chose. Fix: restore the training file (the same datasets.<name>.limit and data "
-        "directory as when the run started), train into a new --out directory, or pass "
-        "--allow-config-change to continue this run on the new records on purpose"
+        "directory as when the run started), train into a new --out directory (in the workflow: move "
+        "the cell's run directory away, and it is retrained from step 0), or pass "
+        "--allow-config-change to continue this run on the new records on purpose (the report flags it)"
     )
 
 
@@ -201,14 +215,29 @@ def record_data(
     *,
     allow_change: bool = False,
 ) -> None:
-    """Write ``run_dir``'s data.json (the records' sha256, count and file, ``since_step``: the step
-    from which the run reads them) unless it already holds these records; a resume (``step`` > 0)
-    on other records is refused first (``check_resume_data``)."""
+    """Add the records ``run_dir`` reads from ``step`` on to its data.json (sha256, count, file,
+    ``since_step``) unless they are the ones it read last; a resume (``step`` > 0) on other records
+    is refused first (``check_resume_data``). A resume of a run with no record says that nothing
+    recorded what it trained on before."""
     if step:
         check_resume_data(run_dir, path, records, allow_change=allow_change)
-    digest = data_fingerprint(records)
-    stored = _stored_data(run_dir)
-    if stored is not None and stored["sha256"] == digest:
+    digest, history = data_fingerprint(records), data_history(run_dir)
+    if history and history[-1]["sha256"] == digest:
         return
-    body = {"sha256": digest, "n_records": len(records), "path": str(path), "since_step": step}
-    write_atomic(data_record_file(run_dir), json.dumps(body, indent=2) + "\n")
+    if step and not history:
+        log.warning(
+            "%s: no %s records what this run trained on before step %d (it started before the file "
+            "existed); recording the %d records of %s it reads on from here",
+            run_dir, data_record_file(run_dir).name, step, len(records), path,
+        )  # fmt: skip
+    history.append({"sha256": digest, "n_records": len(records), "path": str(path), "since_step": step})
+    write_atomic(data_record_file(run_dir), json.dumps({"records": history}, indent=2) + "\n")
+
+
+def data_changes(run_dir: str | Path) -> list[str]:
+    """The record sets ``run_dir`` went on to after its first (each a resume told to continue on
+    other records), as the report's flag shows them; [] for a run on one set."""
+    return [
+        f"from step {h.get('since_step')}: {h.get('n_records')} records of {h.get('path')} (sha256 {h['sha256'][:12]})"
+        for h in data_history(run_dir)[1:]
+    ]

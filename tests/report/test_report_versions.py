@@ -222,3 +222,24 @@ def test_problem_counts_are_compared_step_by_step_and_a_selection_benchmark_is_n
         "step (10 of 20 at step 8): not comparable; evaluate it on the full set again"
     ]
     assert flagged == set()
+
+
+def test_a_cell_continued_on_other_training_records_is_flagged(grid):
+    """A resume told to go on with other training records (--allow-config-change) leaves two record
+    sets in the run's data.json; the report flags the row, naming the step and the new set."""
+    from aggbench import layout
+
+    tmp_path, config = grid
+    run = tmp_path / "results" / "runs" / rf.cell_id("token", 1)
+    sets = [
+        {"sha256": "a" * 64, "n_records": 256, "path": "data/tiny.jsonl", "since_step": 0},
+        {"sha256": "b" * 64, "n_records": 255, "path": "data/tiny.jsonl", "since_step": 4},
+    ]
+    layout.data_record_file(run).write_text(json.dumps({"records": sets}))
+    rows, md = _report(tmp_path, config)
+    assert (
+        f"token: {rf.cell_id('token', 1)}: continued on other training records (from step 4: 255 records "
+        "of data/tiny.jsonl (sha256 bbbbbbbbbbbb); data.json)"
+    ) in md
+    assert rows[("last", "token", "tiny_test")]["flagged"] == "1"
+    assert md.count("continued on other training records") == 1

@@ -14,6 +14,7 @@ from typing import Any
 from aggbench import layout, metric_names
 from aggbench.grid import Cell, cells, eval_steps, results_dir, total_steps
 from aggbench.report.ingest import base_id, find_runs
+from aggbench.run_config import data_changes
 from aggbench.tracking import SENTINEL, metric_history
 
 TRAIN_KEYS = ("loss/pg", "len/pos_mean", "len/neg_mean", "len/gap", "accuracy", "reward/mean")
@@ -47,6 +48,9 @@ class CellData:
     # fields that change training and differ between the config the cell was trained under
     # (config.resolved.yaml) and the one the grid gives it now: a grid edited after training
     config_changes: list[str] = field(default_factory=list)
+    # the training record sets a resume went on to after the first (run_config.data_changes: a
+    # resume told to continue on other records with --allow-config-change)
+    data_changes: list[str] = field(default_factory=list)
 
     @property
     def stale(self) -> bool:
@@ -83,6 +87,11 @@ class CellData:
                 f"trained under another config than the grid's now ({shown}); a finished cell is not "
                 "retrained when the grid changes: to retrain it, move its run directory away and delete "
                 "its MLflow run (the new run's params would conflict with the old one's)"
+            )
+        if self.data_changes:
+            parts.append(
+                f"continued on other training records ({'; '.join(self.data_changes)}; data.json): its "
+                "later steps read prompts its seed never chose from the first set"
             )
         if self.trained_to < self.total:
             parts.append(f"trained to step {self.trained_to} of {self.total}")
@@ -244,7 +253,7 @@ def collect(
         )
         data.expected_version = (rule_versions or {}).get(c.aggregation)
         data.rule_version = _trained_version(run_dir, run)
-        data.config_changes = changes.get(c.id, [])
+        data.config_changes, data.data_changes = changes.get(c.id, []), data_changes(run_dir)
         if run is not None and not data.stale:
             rid = run.info.run_id
             # A cell run's step 0 is the base model's evaluation, copied there by ingest so the
