@@ -156,9 +156,15 @@ def test_each_dataset_is_selected_on_the_holdout_of_its_own_training_set():
 
 def test_test_problems_a_selection_split_holds_are_noted_under_the_selected_table():
     """data.overlap.shared_problems' counts (the report reads them from the fetched copy) are a note
-    under the selected table only, naming both benchmarks; a pair sharing none says nothing."""
+    under the selected table only, naming both benchmarks; a pair it could not compare says why;
+    a pair sharing none says nothing."""
     col = _collected({"tiny_test": "tiny_val"})
     md = to_markdown(build_tables(col, overlaps={("tiny_val", "tiny_test"): 3})["selected"], "x")
     assert "tiny_val holds 3 of tiny_test's problems verbatim" in md
-    plain = build_tables(col, overlaps={("tiny_val", "other"): 2})
+    unread = build_tables(col, overlaps={("tiny_val", "tiny_test"): "tiny_val: not in the fetched copy X"})
+    assert (
+        "tiny_val not compared with tiny_test for shared problems: tiny_val: not in the fetched copy X"
+        in (to_markdown(unread["selected"], "x"))
+    )
+    plain = build_tables(col, overlaps={("tiny_val", "other"): 2, ("tiny_val", "tiny_test"): 0})
     assert "verbatim" not in to_markdown(plain["selected"], "x") + to_markdown(plain["last"], "x")

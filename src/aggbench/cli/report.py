@@ -37,8 +37,9 @@ def _rule_versions(exp: dict) -> dict[str, str]:
     return {a["name"]: resolve_instance(a).spec.version for a in aggregations(exp)}
 
 
-def _selection_overlaps(exp: dict) -> dict[tuple[str, str], int]:
-    """{(selection benchmark, test benchmark): problems both hold} over the grid's selections, read
+def _selection_overlaps(exp: dict) -> dict[tuple[str, str], int | str]:
+    """{(selection benchmark, test benchmark): problems both hold, or why not compared} over the
+    grid's selections, read
     from its fetched benchmark copy (``data.overlap``): noted under the selected tables."""
     from aggbench import grid, layout
     from aggbench.data.overlap import shared_problems

@@ -296,17 +296,20 @@ def _mark_best(rows: Sequence[Row], columns: Sequence[str]) -> None:
 
 
 def _selected_about(
-    chosen_on: Mapping[str, str], benches: Sequence[str], overlaps: Mapping[tuple[str, str], int]
+    chosen_on: Mapping[str, str], benches: Sequence[str], overlaps: Mapping[tuple[str, str], int | str]
 ) -> list[str]:
     """What the selected table says under its legend: how it chose, what it could not, and the test
     problems a selection benchmark holds too (``overlaps``: ``data.overlap.shared_problems``)."""
     pairs = ", ".join(f"{t} on {v}" for t, v in chosen_on.items())
     out = [SELECTED_NOTE.format(pairs=pairs)]
     for test, sel in chosen_on.items():
-        if overlaps.get((sel, test)):
+        shared = overlaps.get((sel, test))
+        if isinstance(shared, str):
+            out.append(f"{sel} not compared with {test} for shared problems: {shared}")
+        elif shared:
             out.append(
-                f"{sel} holds {overlaps[sel, test]} of {test}'s problems verbatim (same text up to "
-                f"Unicode form and spacing): the checkpoint chosen for {test} has seen them scored"
+                f"{sel} holds {shared} of {test}'s problems verbatim (same text up to Unicode form and "
+                f"spacing): the checkpoint chosen for {test} has seen them scored"
             )
     missing = [b for b in benches if b not in chosen_on]
     if missing:
@@ -319,12 +322,12 @@ def build_tables(
     *,
     mismatched: Iterable[str] = (),
     reported: bool = True,
-    overlaps: Mapping[tuple[str, str], int] | None = None,
+    overlaps: Mapping[tuple[str, str], int | str] | None = None,
 ) -> dict[str, list[Table]]:
     """{"peak": [per-benchmark and best-average table of every block], "last": [...]}.
 
-    overlaps: {(selection benchmark, test benchmark): problems both hold}, noted under the selected
-    table (``data.overlap.shared_problems``; none given: nothing noted).
+    overlaps: {(selection benchmark, test benchmark): problems both hold, or why they were not
+    compared}, noted under the selected table (``data.overlap.shared_problems``; none: no note).
     mismatched: cell ids whose MLflow data differ from their run files (flagged, not dropped).
     reported: show the config's ``reported:`` numbers and deltas (off for the greedy tables: the
     paper's numbers are of its own sampled protocol, not of greedy decoding).
