@@ -18,7 +18,9 @@ with ``holdout_of: <that dataset>`` evaluates exactly them (configs/benchmarks/d
   change. It also records a digest of the held-out problems (:func:`held_digest`), and the fetch
   of the ``holdout_of`` benchmark records the digest of the problems it wrote: the two read the
   training set's rows separately (a data directory set for one and not the other, a newer offline
-  file), so the config check compares them (:func:`aggbench.data.grid_checks.split_problems`).
+  file), so whichever job runs second compares them (:func:`check_against_lock`,
+  :func:`check_against_prepared`), and so does the config check
+  (:func:`aggbench.data.grid_checks.split_problems`).
 """
 
 from __future__ import annotations
