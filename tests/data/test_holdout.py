@@ -441,9 +441,20 @@ def test_a_training_file_and_holdout_fetch_that_read_other_rows_are_refused(
     assert prepare(toy / "data").exit_code == 0
     grid.validate_experiment(exp)
     assert {json.loads(x)["prompt"] for x in prepared.read_text().splitlines()}.isdisjoint(texts)
-    # written before digests were kept: not compared
+    # written before digests were kept: not compared, and `aggbench grid check` warns that nothing is
+    from aggbench.data.fetch import _write_lock
+    from aggbench.plan.readiness import unchecked_splits
+
+    assert unchecked_splits(exp) == []
     holdout_record_file(prepared).write_text(json.dumps({**record, "held_digest": None}))
     grid.validate_experiment(exp)
+    [warning] = unchecked_splits(exp)
+    assert warning.startswith("benchmark toy_val (holdout of toy): written before held-out digests")
+    assert f"{prepared} (delete it" in warning and "--refetch" not in warning
+    lock = read_lock(fetched)
+    del lock["toy_val"]["held_digest"]
+    _write_lock(fetched, lock)
+    assert "--refetch toy_val" in unchecked_splits(exp)[0]
 
 
 def test_a_holdout_drawn_from_aime_problems_is_found_to_hold_aime24s(

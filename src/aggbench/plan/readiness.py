@@ -13,7 +13,8 @@ from aggbench.grid import results_dir
 def readiness_warnings(exp: dict, *, cluster: bool, config: str = "CONFIG") -> list[str]:
     """What is not wrong with a valid grid but will not work, or will cost a download, as it stands:
     a null ``tracking_uri`` on a cluster (``cluster``: a cluster profile, or GPUs requested),
-    benchmarks without fetched data, models without a prepared directory. Each names the fix."""
+    benchmarks without fetched data, holdout splits the split check cannot compare, models without a
+    prepared directory. Each names the fix."""
     out, root = [], results_dir(exp)
     if cluster and exp.get("tracking_uri") is None and not os.environ.get("MLFLOW_TRACKING_URI"):
         out.append(
@@ -30,10 +31,47 @@ def readiness_warnings(exp: dict, *, cluster: bool, config: str = "CONFIG") -> l
             f"benchmarks {', '.join(missing)}: no fetched data under {data}; the DAG's local rule "
             f"fetch_benchmarks fetches them on the login node, or now: aggbench data fetch --config {config}"
         )
+    out += unchecked_splits(exp)
     unprepared = [m for m in exp["models"] if not layout.model_dir(root, m).is_dir()]
     if unprepared:
         out.append(
             f"models {', '.join(unprepared)}: no prepared directory under {layout.model_dir(root, '')}; "
             "the DAG's local rule prepare_model downloads (or builds) each on the login node first"
         )
+    return out
+
+
+def unchecked_splits(exp: dict) -> list[str]:
+    """A holdout benchmark whose fetched copy, or a prepared training file of its set, was written
+    before held-out digests were recorded: the split check (``data.grid_checks.split_problems``)
+    cannot tell whether the two hold the same problems out, so it says nothing; this says so."""
+    from aggbench.data.fetch import FetchedDataError, read_lock
+    from aggbench.data.grid_checks import load_data_specs
+    from aggbench.data.holdout import recorded_held_digest
+
+    root, specs = results_dir(exp), load_data_specs(exp)
+    fetched = layout.benchmark_data_dir(root)
+    try:
+        entries = read_lock(fetched)
+    except FetchedDataError:
+        return []  # the config check names a broken lock
+    out = []
+    for b in specs.benchmarks:
+        owner, entry = specs.owner_of(b), entries.get(b)
+        if owner is None or entry is None:
+            continue
+        old = (
+            []
+            if entry.get("held_digest")
+            else [f"{fetched} (refetch: aggbench data fetch --benchmarks {b} --out {fetched} --refetch {b})"]
+        )
+        for name, spec in specs.datasets.items():
+            prepared = layout.data_file(root, name)
+            if spec.name == owner.name and prepared.is_file() and recorded_held_digest(prepared) is None:
+                old.append(f"{prepared} (delete it: prepare_data writes it again)")
+        if old:
+            out.append(
+                f"benchmark {b} (holdout of {owner.name}): written before held-out digests were recorded, so "
+                f"nothing checks that training left out the problems it evaluates: {'; '.join(old)}"
+            )
     return out
