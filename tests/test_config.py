@@ -6,6 +6,7 @@ changes are allowed."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -279,3 +280,18 @@ def test_resume_data_check_reads_what_was_recorded(tmp_path, caplog):
     record_data(run, "c.jsonl", rows[:3], 5, allow_change=True)
     assert [(h["path"], h["since_step"]) for h in data_history(run)] == [("a.jsonl", 3), ("c.jsonl", 5)]
     assert data_changes(run)[0].startswith("from step 5: 3 records of c.jsonl (sha256 ")
+
+
+def test_a_flat_data_record_is_read_as_a_one_set_history(tmp_path):
+    """data.json written as one flat record (before the history was kept) still guards a resume."""
+    from aggbench import layout
+    from aggbench.run_config import check_resume_data, data_fingerprint, data_history
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"id": "1", "prompt": "p", "answer": "1"}]
+    flat = {"sha256": data_fingerprint(rows), "n_records": 1, "path": "a.jsonl", "since_step": 0}
+    layout.data_record_file(run).write_text(json.dumps(flat))
+    assert data_history(run) == [flat]
+    with pytest.raises(ConfigError, match=r"trained on 1 records of a\.jsonl"):
+        check_resume_data(run, "a.jsonl", rows + rows)

@@ -180,6 +180,8 @@ def data_history(run_dir: str | Path) -> list[dict[str, Any]]:
         stored = json.loads(data_record_file(run_dir).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []  # none yet, or torn: record_data writes it again
+    if isinstance(stored, dict) and "sha256" in stored:
+        return [stored]  # one flat record, as written before the history was kept
     history = stored.get("records") if isinstance(stored, dict) else None
     return [h for h in history if isinstance(h, dict) and "sha256" in h] if isinstance(history, list) else []
 

@@ -528,3 +528,112 @@ def test_date_windowed_splits_of_one_fetched_file_are_compared_within_their_wind
     early = len(load_benchmark("lcb_early", fetched=fetched))
     got = shared_problems([("lcb_early", "lcb_late"), ("lcb_early", "lcb_all")], fetched)
     assert got == {("lcb_early", "lcb_late"): 0, ("lcb_early", "lcb_all"): early} and early > 0
+
+
+def _other_rows_dir(tmp_path: Path) -> Path:
+    """An offline toy.jsonl without the problems the toy spec holds out: another split."""
+    held = {r["prompt"] for r in load_holdout(load_training_spec("toy"))[0]}
+    other = tmp_path / "other-data"
+    other.mkdir()
+    (other / "toy.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in _toy_rows() if r["problem"] not in held)
+    )
+    return other
+
+
+def test_prepare_data_and_the_fetch_running_at_once_cannot_both_pass_another_split(
+    toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prepare_data and fetch_benchmarks are independent local jobs, so they can run at once: each
+    writes its record before its last check, so one of them sees the other's. A fetch that locks
+    inside prepare-data's write is seen by prepare-data (its file and record removed, nothing
+    trains); a prepare-data inside the fetch's commit is seen by the fetch (its entry and file
+    removed, nothing evaluates)."""
+    from click.testing import CliRunner
+
+    import aggbench.data.fetch as fetch_mod
+    from aggbench.cli import main
+    from aggbench.data.fetch import read_lock, records_file
+    from aggbench.data.holdout import holdout_record_file
+    from aggbench.layout import benchmark_data_dir, data_file
+
+    results = tmp_path / "results"
+    fetched, prepared = benchmark_data_dir(results), data_file(results, "toy")
+    prepared.parent.mkdir(parents=True)
+    other = _other_rows_dir(tmp_path)
+    default = toy / "data"
+
+    def prepare_on(data_dir: Path):
+        monkeypatch.setenv("AGGBENCH_DATA_DIR", str(data_dir))
+        return CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(prepared)])
+
+    # 1. the fetch (default rows) locks while prepare-data (other rows) writes its file
+    import aggbench.data as data_mod
+
+    real_write = data_mod.write_jsonl
+
+    def write_then_fetch(*args, **kwargs):
+        n = real_write(*args, **kwargs)
+        fetch_benchmarks(["toy_val"], fetched, data_dir=default, echo=lambda _: None)
+        return n
+
+    monkeypatch.setattr(data_mod, "write_jsonl", write_then_fetch)
+    res = prepare_on(other)
+    assert res.exit_code != 0 and "left out other problems of toy" in res.output, res.output
+    assert not prepared.exists() and not holdout_record_file(prepared).exists()
+    assert "toy_val" in read_lock(fetched)  # the fetch ran first to its end: it saw no record
+    monkeypatch.setattr(data_mod, "write_jsonl", real_write)
+
+    # 2. prepare-data (other rows) runs to its end while the fetch (default rows) commits its copy
+    fetch_mod.lock_file(fetched).unlink()
+    real_lock = fetch_mod._lock
+
+    def prepare_then_lock(*args, **kwargs):
+        assert prepare_on(other).exit_code == 0  # no lock entry yet: it passes
+        return real_lock(*args, **kwargs)
+
+    monkeypatch.setattr(fetch_mod, "_lock", prepare_then_lock)
+    with pytest.raises(SpecError, match="left out other problems of toy"):
+        fetch_benchmarks(["toy_val"], fetched, data_dir=default, echo=lambda _: None)
+    assert "toy_val" not in read_lock(fetched) and not records_file(fetched, "toy_val").exists()
+
+
+def test_records_of_another_version_of_the_spec_are_not_compared(
+    toy: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """A lock entry or prepared record written from other spec data (the holdout edited since, a
+    benchmark the grid no longer has) is another split on purpose: the jobs compare only records of
+    the same spec data, so an edited spec is prepared and fetched again without a false refusal."""
+    from click.testing import CliRunner
+
+    from aggbench.cli import main
+    from aggbench.layout import benchmark_data_dir, data_file
+
+    results = tmp_path / "results"
+    fetched, prepared = benchmark_data_dir(results), data_file(results, "toy")
+    prepared.parent.mkdir(parents=True)
+    fetch_benchmarks(["toy_val"], fetched, echo=lambda _: None)
+    _write_specs(toy, n=4)  # the holdout edited: toy_val's lock entry is of the old split
+    res = CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(prepared)])
+    assert res.exit_code == 0, res.output
+    _write_specs(toy, n=3)  # and back: the prepared record (n=4) is of another split than the fetch's
+    fetch_benchmarks(["toy_val"], fetched, refetch=["toy_val"], echo=lambda _: None)
+
+
+def test_a_refused_refetch_keeps_the_copy_it_had(toy: Path, tmp_path: Path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from aggbench.cli import main
+    from aggbench.layout import benchmark_data_dir, data_file
+
+    results = tmp_path / "results"
+    fetched, prepared = benchmark_data_dir(results), data_file(results, "toy")
+    prepared.parent.mkdir(parents=True)
+    fetch_benchmarks(["toy_val"], fetched, echo=lambda _: None)
+    assert CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(prepared)]).exit_code == 0
+    before, _ = read_fetched(load_benchmark_spec("toy_val"), fetched)
+    with pytest.raises(SpecError, match="left out other problems of toy"):
+        fetch_benchmarks(
+            ["toy_val"], fetched, data_dir=_other_rows_dir(tmp_path), refetch=["toy_val"], echo=print
+        )
+    assert read_fetched(load_benchmark_spec("toy_val"), fetched)[0] == before  # checked against its lock

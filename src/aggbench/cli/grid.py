@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import click
 
@@ -118,7 +120,7 @@ def prepare_data_command(spec: str, out: str, limit: int | None, fit_to: str | N
     if s.holdout is not None:  # a holdout benchmark fetched beside it must hold these problems
         from aggbench.data.holdout import check_against_lock
 
-        check_against_lock(out, s.name, held)
+        check_against_lock(out, s, held)
     records = [{**r, "prompt": s.render_prompt(r)} for r in train]
     fit = _fit(cell, fit_to, records, out) if cell else None
     try:
@@ -136,11 +138,28 @@ def prepare_data_command(spec: str, out: str, limit: int | None, fit_to: str | N
 
     write_holdout_record(out, s, held)  # what the grid check compares with the spec and the fetch
     if s.holdout is not None:
+        _recheck_split(out, s, held)
+    if s.holdout is not None:
         click.echo(
             f"{s.name}: {s.holdout.n} problems held out of training (holdout, seed {s.holdout.seed}): a "
             f"benchmark with holdout_of: {s.name} evaluates them"
         )
     click.echo(f"{s.name}: {n} records -> {out}")
+
+
+def _recheck_split(out: str, spec: Any, held: list) -> None:
+    """The split check again, now that the file and its record are written: a fetch running beside
+    this job may have locked its holdout benchmark after the first check; the two write before they
+    check, so one of them sees the other. Refused: the file and its record go, so nothing trains."""
+    from aggbench.data.holdout import check_against_lock, holdout_record_file
+    from aggbench.data.sources import SpecError
+
+    try:
+        check_against_lock(out, spec, held)
+    except SpecError:
+        Path(out).unlink(missing_ok=True)
+        holdout_record_file(out).unlink(missing_ok=True)
+        raise
 
 
 def _cell(path: str):

@@ -220,16 +220,39 @@ def fetch_benchmarks(
                     f"{name}: the source here ({source}) has public tests only for {public_only} of "
                     f"{count} problems, so its pass rates would not be the benchmark's. {_PUBLIC_FIX}"
                 )
-        entries[name] = _entry(spec, source, digest.hexdigest(), count, public_only, rows)
-        if "held_digest" in entries[name]:  # not locked when a prepared file beside held out others
-            from aggbench.data.holdout import check_against_prepared
-
-            check_against_prepared(root, name, entries[name]["holdout_of"], entries[name]["held_digest"])
-        _write_lock(root, entries)
+            entry = _entry(spec, source, digest.hexdigest(), count, public_only, rows)
+            _check_split(root, name, entry)  # raised inside: a refused refetch keeps the old copy
+        _lock(root, name, entry, entries)
         echo(f"{name}: {count} records from {source} in {time.perf_counter() - t0:.1f} s")
     if not lock_file(root).is_file():
         _write_lock(root, entries)  # a grid of built-in benchmarks only: the rule's output still exists
     return entries
+
+
+def _check_split(root: Path, name: str, entry: dict[str, Any]) -> None:
+    """A holdout benchmark's problems against those a prepared training file of its set beside the
+    copy left out (``data.holdout.check_against_prepared``); nothing for other benchmarks."""
+    if "held_digest" in entry:
+        from aggbench.data.holdout import check_against_prepared
+
+        check_against_prepared(root, name, entry)
+
+
+def _lock(root: Path, name: str, entry: dict[str, Any], entries: dict[str, dict[str, Any]]) -> None:
+    """Add ``entry`` to the lock, then check the split again: a prepare-data job running beside
+    this fetch may have written its record after the check before the copy was committed; the
+    two write before they check, so one of them sees the other. Refused: the entry and its file go."""
+    from aggbench.data.sources import SpecError
+
+    entries[name] = entry
+    _write_lock(root, entries)
+    try:
+        _check_split(root, name, entry)
+    except SpecError:
+        del entries[name]
+        _write_lock(root, entries)
+        records_file(root, name).unlink(missing_ok=True)
+        raise
 
 
 def _entry(spec: Any, source: str, sha256: str, count: int, public_only: int, rows: Any) -> dict[str, Any]:
@@ -245,10 +268,12 @@ def _entry(spec: Any, source: str, sha256: str, count: int, public_only: int, ro
         "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if spec.holdout_of is not None:  # the problems it holds, compared with prepare-data's record
-        from aggbench.data.holdout import held_digest
+        from aggbench.data.holdout import held_digest, training_data_key
         from aggbench.data.training import load_training_spec
 
-        entry["holdout_of"] = load_training_spec(spec.holdout_of).name
+        owner = load_training_spec(spec.holdout_of)
+        # the set it is held out of: its name, and the key of the spec data that decides the split
+        entry["holdout_of"], entry["holdout_key"] = owner.name, training_data_key(owner)
         entry["held_digest"] = held_digest(rows)  # a list: load_holdout's
     return entry
 

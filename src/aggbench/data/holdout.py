@@ -209,10 +209,12 @@ def fetched_beside(prepared: str | Path) -> Path:
     return benchmark_data_dir(Path(prepared).parent.parent)
 
 
-def check_against_lock(prepared: str | Path, owner: str, held_rows: list[dict[str, Any]]) -> None:
-    """``prepare-data``'s half: refuse to write ``prepared`` when a holdout benchmark of ``owner``
-    fetched beside it (its lock records ``holdout_of`` and ``held_digest``) holds other problems
-    than ``held_rows``. Raises SpecError with :func:`held_mismatch`'s message."""
+def check_against_lock(
+    prepared: str | Path, spec: TrainingDatasetSpec, held_rows: list[dict[str, Any]]
+) -> None:
+    """``prepare-data``'s half: refuse ``prepared`` when a holdout benchmark of ``spec`` fetched
+    beside it (a lock entry with the same ``holdout_key``: the same spec data, so the same split
+    is meant) holds other problems than ``held_rows``. Raises SpecError (:func:`held_mismatch`)."""
     from aggbench.data.fetch import FetchedDataError, read_lock
 
     fetched = fetched_beside(prepared)
@@ -220,23 +222,26 @@ def check_against_lock(prepared: str | Path, owner: str, held_rows: list[dict[st
         entries = read_lock(fetched)
     except FetchedDataError:
         return  # the config check names a broken lock
-    digest = held_digest(held_rows)
+    digest, key = held_digest(held_rows), training_data_key(spec)
     for bench, entry in entries.items():
         theirs = entry.get("held_digest")
-        if entry.get("holdout_of") == owner and theirs is not None and theirs != digest:
-            raise SpecError(held_mismatch(Path(prepared), digest, bench, theirs, fetched, owner))
+        if entry.get("holdout_key") == key and theirs is not None and theirs != digest:
+            raise SpecError(held_mismatch(Path(prepared), digest, bench, theirs, fetched, spec.name))
 
 
-def check_against_prepared(fetched: str | Path, benchmark: str, owner: str, digest: str) -> None:
-    """``data fetch``'s half: refuse to lock a holdout benchmark of ``owner`` whose problems differ
-    from those a prepared training file beside the copy left out (its ``.holdout.json``)."""
-    data_dir = Path(fetched).parent
-    for record in sorted(data_dir.glob("*.holdout.json")):
+def check_against_prepared(fetched: str | Path, benchmark: str, entry: dict[str, Any]) -> None:
+    """``data fetch``'s half: refuse a holdout benchmark's lock ``entry`` whose problems differ from
+    those a prepared training file beside the copy left out (its ``.holdout.json``, written from
+    the same spec data: ``data_key`` equal to the entry's ``holdout_key``)."""
+    for record in sorted(Path(fetched).parent.glob("*.holdout.json")):
         prepared = record.with_name(record.name.removesuffix(".holdout.json") + ".jsonl")
         try:
-            dataset = json.loads(record.read_text(encoding="utf-8")).get("dataset")
+            key = json.loads(record.read_text(encoding="utf-8")).get("data_key")
         except (OSError, ValueError, AttributeError):
             continue
         ours = recorded_held_digest(prepared)
-        if dataset == owner and ours is not None and ours != digest:
-            raise SpecError(held_mismatch(prepared, ours, benchmark, digest, Path(fetched), owner))
+        if key == entry["holdout_key"] and ours is not None and ours != entry["held_digest"]:
+            owner = entry["holdout_of"]
+            raise SpecError(
+                held_mismatch(prepared, ours, benchmark, entry["held_digest"], Path(fetched), owner)
+            )

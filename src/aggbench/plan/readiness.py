@@ -47,7 +47,7 @@ def unchecked_splits(exp: dict) -> list[str]:
     cannot tell whether the two hold the same problems out, so it says nothing; this says so."""
     from aggbench.data.fetch import FetchedDataError, read_lock
     from aggbench.data.grid_checks import load_data_specs
-    from aggbench.data.holdout import recorded_held_digest
+    from aggbench.data.holdout import recorded_held_digest, training_data_key
 
     root, specs = results_dir(exp), load_data_specs(exp)
     fetched = layout.benchmark_data_dir(root)
@@ -67,7 +67,8 @@ def unchecked_splits(exp: dict) -> list[str]:
         )
         for name, spec in specs.datasets.items():
             prepared = layout.data_file(root, name)
-            if spec.name == owner.name and prepared.is_file() and recorded_held_digest(prepared) is None:
+            same = training_data_key(spec) == training_data_key(owner)  # the spec data it was held out of
+            if same and prepared.is_file() and recorded_held_digest(prepared) is None:
                 old.append(f"{prepared} (delete it: prepare_data writes it again)")
         if old:
             out.append(
