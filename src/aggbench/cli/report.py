@@ -39,8 +39,8 @@ def _rule_versions(exp: dict) -> dict[str, str]:
 
 def _selection_overlaps(exp: dict) -> dict[tuple[str, str], int | str]:
     """{(selection benchmark, test benchmark): problems both hold, or why not compared} over the
-    grid's selections, read
-    from its fetched benchmark copy (``data.overlap``): noted under the selected tables."""
+    grid's selections, read from its fetched benchmark copy (``data.overlap``): noted under the
+    selected tables."""
     from aggbench import grid, layout
     from aggbench.data.overlap import shared_problems
 
