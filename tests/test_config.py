@@ -280,6 +280,9 @@ def test_resume_data_check_reads_what_was_recorded(tmp_path, caplog):
     record_data(run, "c.jsonl", rows[:3], 5, allow_change=True)
     assert [(h["path"], h["since_step"]) for h in data_history(run)] == [("a.jsonl", 3), ("c.jsonl", 5)]
     assert data_changes(run)[0].startswith("from step 5: 3 records of c.jsonl (sha256 ")
+    record_data(run, "d.jsonl", rows[:2], 0)  # trained again from the start: one set
+    assert [(h["path"], h["since_step"]) for h in data_history(run)] == [("d.jsonl", 0)]
+    assert data_changes(run) == []
 
 
 def test_a_flat_data_record_is_read_as_a_one_set_history(tmp_path):

@@ -218,12 +218,15 @@ def record_data(
     allow_change: bool = False,
 ) -> None:
     """Add the records ``run_dir`` reads from ``step`` on to its data.json (sha256, count, file,
-    ``since_step``) unless they are the ones it read last; a resume (``step`` > 0) on other records
-    is refused first (``check_resume_data``). A resume of a run with no record says that nothing
+    ``since_step``) unless they are the ones it read last; at step 0 they replace the history (a
+    run trained again from the start). A resume (``step`` > 0) on other records is refused first
+    (``check_resume_data``). A resume of a run with no record says that nothing
     recorded what it trained on before."""
     if step:
         check_resume_data(run_dir, path, records, allow_change=allow_change)
-    digest, history = data_fingerprint(records), data_history(run_dir)
+    # from step 0 the run is trained again from the start (its metrics from step 1 rewritten): what
+    # earlier attempts read is no part of it
+    digest, history = data_fingerprint(records), data_history(run_dir) if step else []
     if history and history[-1]["sha256"] == digest:
         return
     if step and not history:
