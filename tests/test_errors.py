@@ -45,6 +45,7 @@ INPUT_ERRORS: dict[str, type[Exception]] = {
     "DiskFullError": OSError,
     "PowerError": ValueError,
     "ShapeError": ValueError,
+    "ResolvedUnreadable": ValueError,
 }
 INTERNAL: dict[str, str] = {  # class: why it is not bad input
     "AggregationInputError": "the rule API's argument check: its tensors come from the trainer, an "

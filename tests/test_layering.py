@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "prompts": {"config_errors"},  # a bad model.stop_tokens is a ConfigError
     "config": {"config_errors", "files", "graders", "layout", "registry"},
     # a run's recorded config: MLflow params and the resume check (split from config)
-    "run_config": {"config", "config_errors", "files", "layout"},
+    "run_config": {"config", "config_errors", "errors", "files", "layout"},
     "tiny/": set(),
     "aggregation/": {"errors", "registry"},
     # layout: where a prepared training file's fetched benchmark copy lies (the holdout split check)

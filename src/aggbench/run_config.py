@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from aggbench.config import TrainConfig
 from aggbench.config_errors import ConfigError, yaml_problem
+from aggbench.errors import InputError
 from aggbench.files import write_atomic
 from aggbench.layout import data_record_file, resolved_config_file
 
@@ -109,8 +110,9 @@ def resume_conflicts(previous: dict[str, Any], current: TrainConfig) -> list[str
     ]
 
 
-class ResolvedUnreadable(ValueError):
-    """A run's config.resolved.yaml that cannot be read as a mapping; ``cause`` says why."""
+class ResolvedUnreadable(InputError, ValueError):
+    """A run's config.resolved.yaml that cannot be read as a mapping; ``cause`` says why (bad input:
+    a file torn or edited by hand)."""
 
     def __init__(self, path: Path, cause: str) -> None:
         super().__init__(f"{path} is unreadable ({cause})")
