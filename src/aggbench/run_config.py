@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from aggbench.config import TrainConfig
 from aggbench.config_errors import ConfigError, yaml_problem
 from aggbench.errors import InputError
-from aggbench.files import write_atomic
+from aggbench.files import relative_to_file, write_atomic
 from aggbench.layout import data_record_file, resolved_config_file
 
 log = logging.getLogger(__name__)
@@ -188,6 +188,13 @@ def data_history(run_dir: str | Path) -> list[dict[str, Any]]:
     return [h for h in history if isinstance(h, dict) and "sha256" in h] if isinstance(history, list) else []
 
 
+def _shown(run_dir: str | Path, record: dict[str, Any]) -> str:
+    """A data record's file as messages show it: resolved where it is a path relative to data.json
+    that still exists, else as recorded."""
+    where = Path(run_dir) / str(record.get("path"))
+    return str(where.resolve()) if where.exists() else str(record.get("path"))
+
+
 def check_resume_data(
     run_dir: str | Path, path: str | Path, records: list[dict[str, Any]], *, allow_change: bool = False
 ) -> None:
@@ -200,7 +207,7 @@ def check_resume_data(
         return
     stored = history[-1]
     raise ConfigError(
-        f"{run_dir} was trained on {stored.get('n_records')} records of {stored.get('path')} (sha256 "
+        f"{run_dir} was trained on {stored.get('n_records')} records of {_shown(run_dir, stored)} (sha256 "
         f"{stored['sha256'][:12]}, {data_record_file(run_dir).name}); this resume would read on in "
         f"{len(records)} records of {path} (sha256 {data_fingerprint(records)[:12]}). The saved prompt "
         "cursor is a position in that list, so resuming on another one trains prompts the run's seed "
@@ -237,7 +244,9 @@ def record_data(
             "existed); recording the %d records of %s it reads on from here",
             run_dir, data_record_file(run_dir).name, step, len(records), path,
         )  # fmt: skip
-    history.append({"sha256": digest, "n_records": len(records), "path": str(path), "since_step": step})
+    # the path relative to data.json, as every run file records one (a copied results directory)
+    where = relative_to_file(path, data_record_file(run_dir))
+    history.append({"sha256": digest, "n_records": len(records), "path": where, "since_step": step})
     write_atomic(data_record_file(run_dir), json.dumps({"records": history}, indent=2) + "\n")
 
 
@@ -245,6 +254,6 @@ def data_changes(run_dir: str | Path) -> list[str]:
     """The record sets ``run_dir`` went on to after its first (each a resume told to continue on
     other records), as the report's flag shows them; [] for a run on one set."""
     return [
-        f"from step {h.get('since_step')}: {h.get('n_records')} records of {h.get('path')} (sha256 {h['sha256'][:12]})"
+        f"from step {h.get('since_step')}: {h.get('n_records')} records of {_shown(run_dir, h)} (sha256 {h['sha256'][:12]})"
         for h in data_history(run_dir)[1:]
     ]

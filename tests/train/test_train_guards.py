@@ -94,6 +94,7 @@ def test_resume_on_other_training_records_is_refused_and_a_moved_file_is_not(
 
     from aggbench import layout
     from aggbench.data.training import read_training_records
+    from aggbench.files import relative_to_file
     from aggbench.run_config import data_changes, data_fingerprint
     from aggbench.train.loop import train
 
@@ -103,9 +104,8 @@ def test_resume_on_other_training_records_is_refused_and_a_moved_file_is_not(
     train(load_train_config(cell, base), out, until_step=1, quiet=True)
     first = json.loads(layout.data_record_file(out).read_text())
     digest = data_fingerprint(read_training_records(tiny_train_data))
-    assert first == {
-        "records": [{"sha256": digest, "n_records": 256, "path": str(tiny_train_data), "since_step": 0}]
-    }
+    where = relative_to_file(tiny_train_data, layout.data_record_file(out))  # as every run file records
+    assert first == {"records": [{"sha256": digest, "n_records": 256, "path": where, "since_step": 0}]}
     lines = tiny_train_data.read_text().splitlines(keepends=True)
     fewer, moved = tmp_path / "fewer.jsonl", tmp_path / "moved.jsonl"
     fewer.write_text("".join(lines[:-1]))
@@ -122,5 +122,9 @@ def test_resume_on_other_training_records_is_refused_and_a_moved_file_is_not(
     assert [r["step"] for r in metrics_rows(out)] == [1, 2, 3]
     now = json.loads(layout.data_record_file(out).read_text())["records"]
     assert now[0] == first["records"][0] and len(now) == 2  # the first set is kept
-    assert (now[1]["n_records"], now[1]["path"], now[1]["since_step"]) == (255, str(fewer), 2)
+    assert (now[1]["n_records"], (out / now[1]["path"]).resolve(), now[1]["since_step"]) == (
+        255,
+        fewer.resolve(),
+        2,
+    )
     assert data_changes(out) == [f"from step 2: 255 records of {fewer} (sha256 {now[1]['sha256'][:12]})"]
