@@ -341,6 +341,37 @@ def test_a_same_named_copy_of_the_spec_with_other_data_cannot_select_on_the_hold
     assert any("whose data or holdout differ (holdout n=3 seed=0 vs None)" in p for p in found), found
 
 
+def test_a_holdout_is_paired_only_with_the_datasets_trained_on_exactly_its_set(toy: Path, tmp_path) -> None:
+    """data.grid_checks.holdout_pairs is the one pairing rule: a holdout benchmark goes with the
+    datasets trained on exactly its set (same name, data and holdout), not with a renamed copy of it
+    nor a same-named copy holding out something else (selection_problems names those)."""
+    from aggbench.data.grid_checks import holdout_pairs
+
+    spec = yaml.safe_load((toy / "datasets" / "toy.yaml").read_text())
+    (tmp_path / "renamed.yaml").write_text(yaml.safe_dump({**spec, "name": "renamed"}))
+    (tmp_path / "reseeded.yaml").write_text(yaml.safe_dump({**spec, "holdout": {"n": 3, "seed": 9}}))
+    exp = _toy_grid(toy, tmp_path)
+    exp["benchmarks"] = ["tiny_test", "toy_val"]
+    exp["datasets"] = {
+        "toy": {"spec": "toy"},
+        "also_toy": {"spec": "toy"},
+        "renamed": {"spec": str(tmp_path / "renamed.yaml")},
+        "reseeded": {"spec": str(tmp_path / "reseeded.yaml")},
+    }
+    specs = load_data_specs(exp)
+    assert [(b, owner.name, ds) for b, owner, ds in holdout_pairs(specs)] == [
+        ("toy_val", "toy", "toy"),
+        ("toy_val", "toy", "also_toy"),
+    ]
+    exp["evaluation"]["selection"] = {"tiny_test": "toy_val"}
+    found = selection_problems(exp, {"tiny_test": "toy_val"}, specs)
+    assert len(found) == 2 and all(
+        p.startswith("evaluation.selection.tiny_test: 'toy_val' ") for p in found
+    ), found
+    assert "cells of dataset 'renamed' train on 'renamed'" in found[0]
+    assert "dataset 'reseeded' trains on" in found[1] and "seed=9" in found[1]
+
+
 def test_a_holdout_benchmark_of_a_set_without_holdout_or_of_no_set_is_refused(toy, tmp_path) -> None:
     from aggbench import grid
 
@@ -455,79 +486,6 @@ def test_a_training_file_and_holdout_fetch_that_read_other_rows_are_refused(
     del lock["toy_val"]["held_digest"]
     _write_lock(fetched, lock)
     assert "--refetch toy_val" in unchecked_splits(exp)[0]
-
-
-def test_a_holdout_drawn_from_aime_problems_is_found_to_hold_aime24s(
-    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """data.overlap.shared_problems on real rows: a training set built from DAPO's AIME-2024 file (its
-    problems are AIME 2024's, in DAPO's schema and instruction) holds 5 out; fetched beside aime24 (from
-    ../shared/data's AIME-2024 file) all 5 are found in aime24, none in MATH-500; a benchmark that was
-    not fetched is left out rather than counted as sharing none."""
-    from aggbench.data.overlap import shared_problems
-
-    shipped = yaml.safe_load(
-        (Path(__file__).parents[2] / "configs" / "datasets" / "dapo17k.yaml").read_text()
-    )
-    root = tmp_path / "specs"
-    (root / "datasets").mkdir(parents=True)
-    (root / "benchmarks").mkdir()
-    spec = {**shipped, "name": "dapoaime", "offline_file": DAPO_EVAL, "holdout": {"n": 5, "seed": 0}}
-    (root / "datasets" / "dapoaime.yaml").write_text(yaml.safe_dump(spec))
-    val = yaml.safe_load(
-        (Path(__file__).parents[2] / "configs" / "benchmarks" / "dapo17k_val.yaml").read_text()
-    )
-    (root / "benchmarks" / "dapoaime_val.yaml").write_text(
-        yaml.safe_dump({**val, "name": "dapoaime_val", "holdout_of": "dapoaime"})
-    )
-    monkeypatch.setenv("AGGBENCH_DATASET_DIR", str(root / "datasets"))
-    monkeypatch.setenv("AGGBENCH_BENCHMARK_DIR", str(root / "benchmarks"))
-    from aggbench.cli.report import _selection_overlaps
-    from aggbench.layout import benchmark_data_dir
-
-    results = tmp_path / "results"
-    fetched = benchmark_data_dir(results)
-    fetch_benchmarks(
-        ["dapoaime_val", "aime24", "math500"], fetched, data_dir=shared_data, echo=lambda _: None
-    )
-    pairs = [("dapoaime_val", "aime24"), ("dapoaime_val", "math500"), ("dapoaime_val", "olympiadbench")]
-    got = shared_problems(pairs, fetched)
-    assert got[("dapoaime_val", "aime24")] == 5 and got[("dapoaime_val", "math500")] == 0
-    assert "olympiadbench: not in the fetched copy" in got[("dapoaime_val", "olympiadbench")]
-    # the report's reading of a grid's selections: (selection, test) pairs, per dataset too
-    selection = {"aime24": "dapoaime_val", "math500": {"dapoaime": "dapoaime_val"}}
-    exp = {"results_dir": str(results), "datasets": {"dapoaime": {}}, "evaluation": {"selection": selection}}
-    assert _selection_overlaps(exp) == {("dapoaime_val", "aime24"): 5, ("dapoaime_val", "math500"): 0}
-
-
-def test_date_windowed_splits_of_one_fetched_file_are_compared_within_their_windows(
-    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Two windows of the shipped LiveCodeBench spec (as livecodebench and livecodebench_val are) are
-    fetched as the same rows (a fetch keeps no window); each is read in its own date window, so two
-    disjoint windows share no problem although their files are the same, and a window inside another
-    shares all of its own."""
-    from aggbench.data.fetch import records_file
-    from aggbench.data.overlap import shared_problems
-
-    shipped = yaml.safe_load(
-        (Path(__file__).parents[2] / "configs" / "benchmarks" / "livecodebench.yaml").read_text()
-    )
-    windows = {"lcb_early": ("2024-08-01", "2024-11-01"), "lcb_late": ("2024-11-01", "2025-02-01")}
-    windows["lcb_all"] = ("2024-08-01", "2025-02-01")
-    for name, (start, end) in windows.items():
-        spec = {**shipped, "name": name, "date_window": {"start": start, "end": end}}
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(spec))
-    monkeypatch.setenv("AGGBENCH_BENCHMARK_DIR", str(tmp_path))
-    fetched = tmp_path / "fetched"
-    fetch_benchmarks(
-        list(windows), fetched, data_dir=shared_data, allow_public_tests_only=True, echo=lambda _: None
-    )
-    files = {n: records_file(fetched, n).read_text() for n in windows}
-    assert files["lcb_early"] == files["lcb_late"] == files["lcb_all"]
-    early = len(load_benchmark("lcb_early", fetched=fetched))
-    got = shared_problems([("lcb_early", "lcb_late"), ("lcb_early", "lcb_all")], fetched)
-    assert got == {("lcb_early", "lcb_late"): 0, ("lcb_early", "lcb_all"): early} and early > 0
 
 
 def _other_rows_dir(tmp_path: Path) -> Path:

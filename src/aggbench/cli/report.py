@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from aggbench import layout
 from aggbench.cli.common import click_error, out_dir_option, quiet_option
+
+if TYPE_CHECKING:
+    from aggbench.data.overlap import Overlap
 
 _SHOW = 40  # problems printed in full before "... and N more"
 
@@ -37,7 +40,7 @@ def _rule_versions(exp: dict) -> dict[str, str]:
     return {a["name"]: resolve_instance(a).spec.version for a in aggregations(exp)}
 
 
-def _selection_overlaps(exp: dict) -> dict[tuple[str, str], int | str]:
+def _selection_overlaps(exp: dict) -> dict[tuple[str, str], Overlap]:
     """{(selection benchmark, test benchmark): problems both hold, or why not compared} over the
     grid's selections, read from its fetched benchmark copy (``data.overlap``): noted under the
     selected tables."""

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from aggbench.data.benchmarks import BenchmarkSpec
     from aggbench.data.training import TrainingDatasetSpec
 
@@ -40,6 +42,27 @@ class DataSpecs:
         or when its spec or its owner's did not load (that problem is in ``problems``)."""
         bench = self.benchmarks.get(benchmark)
         return self.owners.get(bench.holdout_of) if bench is not None and bench.holdout_of else None
+
+
+def trains_on_owner(spec: TrainingDatasetSpec, owner: TrainingDatasetSpec) -> bool:
+    """Whether a dataset of spec ``spec`` trains on exactly the set ``owner`` (same name, same data
+    and holdout): the one rule by which a holdout benchmark of ``owner`` is paired with the grid's
+    datasets (:func:`holdout_pairs`; :func:`selection_problems` names which part differs)."""
+    from aggbench.data.holdout import training_data_key
+
+    return spec.name == owner.name and training_data_key(spec) == training_data_key(owner)
+
+
+def holdout_pairs(specs: DataSpecs) -> Iterator[tuple[str, TrainingDatasetSpec, str]]:
+    """(holdout benchmark, the set it is held out of, a dataset of the grid trained on exactly that
+    set) for every such pair: whose prepared file must have left out the benchmark's problems."""
+    for b in specs.benchmarks:
+        owner = specs.owner_of(b)
+        if owner is None:
+            continue
+        for name, spec in specs.datasets.items():
+            if trains_on_owner(spec, owner):
+                yield b, owner, name
 
 
 def load_data_specs(exp: dict) -> DataSpecs:
@@ -115,15 +138,13 @@ def selection_problems(exp: dict, chosen: dict[str, Any], specs: DataSpecs) -> l
 def _held_out_of_these(specs: DataSpecs, where: str, sel: str, datasets: list[str]) -> list[str]:
     """A holdout benchmark selects only the cells of the training set it was held out of: for any
     other set (or the same name with other data or another holdout), its problems may be trained on."""
-    from aggbench.data.holdout import training_data_key
-
     owner = specs.owner_of(sel)
     if owner is None:  # not a holdout benchmark, or a spec that did not load (reported once)
         return []
     out = []
     for ds in datasets:
         trained = specs.datasets.get(ds)
-        if trained is None:
+        if trained is None or trains_on_owner(trained, owner):
             continue
         if trained.name != owner.name:
             out.append(
@@ -131,7 +152,7 @@ def _held_out_of_these(specs: DataSpecs, where: str, sel: str, datasets: list[st
                 f"dataset {ds!r} train on {trained.name!r}: select them on a holdout of their own set "
                 f"(per dataset: {{{ds}: <benchmark>}})"
             )
-        elif training_data_key(trained) != training_data_key(owner):
+        else:  # the same name with other data or another holdout
             out.append(
                 f"{where}: {sel!r} holds out the problems of {owner.source_path or owner.name}, but "
                 f"dataset {ds!r} trains on {trained.source_path or trained.name}, whose data or holdout "
@@ -179,22 +200,17 @@ def split_problems(specs: DataSpecs, prepared: dict[str, Path], fetched: Path) -
     Cheap (two small JSON files per pair); a pair without both digests (not fetched or prepared yet,
     or recorded before digests were kept) is not compared."""
     from aggbench.data.fetch import FetchedDataError, read_lock
-    from aggbench.data.holdout import held_mismatch, recorded_held_digest, training_data_key
+    from aggbench.data.holdout import held_mismatch, recorded_held_digest
 
     try:
         entries = read_lock(fetched)
     except FetchedDataError:
         return []  # fetched_problems reports it
     problems = []
-    for b in specs.benchmarks:
-        owner, fetched_digest = specs.owner_of(b), entries.get(b, {}).get("held_digest")
-        if owner is None or fetched_digest is None:
-            continue
-        for name, spec in specs.datasets.items():
-            if training_data_key(spec) != training_data_key(owner) or spec.name != owner.name:
-                continue  # not trained on the spec b is held out of (selection_problems says so)
-            digest = recorded_held_digest(prepared[name])
-            if digest is not None and digest != fetched_digest:
-                message = held_mismatch(prepared[name], digest, b, fetched_digest, fetched, owner.name)
-                problems.append(f"datasets.{name}: {message}")
+    for b, owner, name in holdout_pairs(specs):  # other pairings: selection_problems says so
+        fetched_digest = entries.get(b, {}).get("held_digest")
+        digest = recorded_held_digest(prepared[name])
+        if fetched_digest is not None and digest is not None and digest != fetched_digest:
+            message = held_mismatch(prepared[name], digest, b, fetched_digest, fetched, owner.name)
+            problems.append(f"datasets.{name}: {message}")
     return problems

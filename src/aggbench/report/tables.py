@@ -45,12 +45,16 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aggbench import grid
 from aggbench.report.collect import CellData, Collected
 from aggbench.report.ingest import base_id
 from aggbench.report.notes import cell_notes
 from aggbench.report.stats import peak_to_last, t_interval
+
+if TYPE_CHECKING:
+    from aggbench.data.overlap import Overlap
 
 AVERAGE = "average"
 DROP = "drop"  # peak minus last of the benchmark average (aggbench.report.stats.peak_to_last)
@@ -296,7 +300,7 @@ def _mark_best(rows: Sequence[Row], columns: Sequence[str]) -> None:
 
 
 def _selected_about(
-    chosen_on: Mapping[str, str], benches: Sequence[str], overlaps: Mapping[tuple[str, str], int | str]
+    chosen_on: Mapping[str, str], benches: Sequence[str], overlaps: Mapping[tuple[str, str], Overlap]
 ) -> list[str]:
     """What the selected table says under its legend: how it chose, what it could not, and the test
     problems a selection benchmark holds too (``overlaps``: ``data.overlap.shared_problems``)."""
@@ -322,7 +326,7 @@ def build_tables(
     *,
     mismatched: Iterable[str] = (),
     reported: bool = True,
-    overlaps: Mapping[tuple[str, str], int | str] | None = None,
+    overlaps: Mapping[tuple[str, str], Overlap] | None = None,
 ) -> dict[str, list[Table]]:
     """{"peak": [per-benchmark and best-average table of every block], "last": [...]}.
 

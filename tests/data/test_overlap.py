@@ -1,0 +1,88 @@
+"""Verbatim overlap of selection and test splits (``data.overlap.shared_problems``), on real rows
+from ../shared/data: the report notes each (selection, test) pair that shares problems, under the
+selected table (tests/report/test_selected_table.py covers the note)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from aggbench.data import load_benchmark
+from aggbench.data.fetch import fetch_benchmarks
+
+DAPO_EVAL = "train/dapo17k/dapo_repo_eval_aime-2024_dapo_format.jsonl"
+
+
+def test_a_holdout_drawn_from_aime_problems_is_found_to_hold_aime24s(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """data.overlap.shared_problems on real rows: a training set built from DAPO's AIME-2024 file (its
+    problems are AIME 2024's, in DAPO's schema and instruction) holds 5 out; fetched beside aime24 (from
+    ../shared/data's AIME-2024 file) all 5 are found in aime24, none in MATH-500; a benchmark that was
+    not fetched is left out rather than counted as sharing none."""
+    from aggbench.data.overlap import shared_problems
+
+    shipped = yaml.safe_load(
+        (Path(__file__).parents[2] / "configs" / "datasets" / "dapo17k.yaml").read_text()
+    )
+    root = tmp_path / "specs"
+    (root / "datasets").mkdir(parents=True)
+    (root / "benchmarks").mkdir()
+    spec = {**shipped, "name": "dapoaime", "offline_file": DAPO_EVAL, "holdout": {"n": 5, "seed": 0}}
+    (root / "datasets" / "dapoaime.yaml").write_text(yaml.safe_dump(spec))
+    val = yaml.safe_load(
+        (Path(__file__).parents[2] / "configs" / "benchmarks" / "dapo17k_val.yaml").read_text()
+    )
+    (root / "benchmarks" / "dapoaime_val.yaml").write_text(
+        yaml.safe_dump({**val, "name": "dapoaime_val", "holdout_of": "dapoaime"})
+    )
+    monkeypatch.setenv("AGGBENCH_DATASET_DIR", str(root / "datasets"))
+    monkeypatch.setenv("AGGBENCH_BENCHMARK_DIR", str(root / "benchmarks"))
+    from aggbench.cli.report import _selection_overlaps
+    from aggbench.layout import benchmark_data_dir
+
+    results = tmp_path / "results"
+    fetched = benchmark_data_dir(results)
+    fetch_benchmarks(
+        ["dapoaime_val", "aime24", "math500"], fetched, data_dir=shared_data, echo=lambda _: None
+    )
+    pairs = [("dapoaime_val", "aime24"), ("dapoaime_val", "math500"), ("dapoaime_val", "olympiadbench")]
+    got = shared_problems(pairs, fetched)
+    assert got[("dapoaime_val", "aime24")] == 5 and got[("dapoaime_val", "math500")] == 0
+    assert "olympiadbench: not in the fetched copy" in got[("dapoaime_val", "olympiadbench")]
+    # the report's reading of a grid's selections: (selection, test) pairs, per dataset too
+    selection = {"aime24": "dapoaime_val", "math500": {"dapoaime": "dapoaime_val"}}
+    exp = {"results_dir": str(results), "datasets": {"dapoaime": {}}, "evaluation": {"selection": selection}}
+    assert _selection_overlaps(exp) == {("dapoaime_val", "aime24"): 5, ("dapoaime_val", "math500"): 0}
+
+
+def test_date_windowed_splits_of_one_fetched_file_are_compared_within_their_windows(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two windows of the shipped LiveCodeBench spec (as livecodebench and livecodebench_val are) are
+    fetched as the same rows (a fetch keeps no window); each is read in its own date window, so two
+    disjoint windows share no problem although their files are the same, and a window inside another
+    shares all of its own."""
+    from aggbench.data.fetch import records_file
+    from aggbench.data.overlap import shared_problems
+
+    shipped = yaml.safe_load(
+        (Path(__file__).parents[2] / "configs" / "benchmarks" / "livecodebench.yaml").read_text()
+    )
+    windows = {"lcb_early": ("2024-08-01", "2024-11-01"), "lcb_late": ("2024-11-01", "2025-02-01")}
+    windows["lcb_all"] = ("2024-08-01", "2025-02-01")
+    for name, (start, end) in windows.items():
+        spec = {**shipped, "name": name, "date_window": {"start": start, "end": end}}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(spec))
+    monkeypatch.setenv("AGGBENCH_BENCHMARK_DIR", str(tmp_path))
+    fetched = tmp_path / "fetched"
+    fetch_benchmarks(
+        list(windows), fetched, data_dir=shared_data, allow_public_tests_only=True, echo=lambda _: None
+    )
+    files = {n: records_file(fetched, n).read_text() for n in windows}
+    assert files["lcb_early"] == files["lcb_late"] == files["lcb_all"]
+    early = len(load_benchmark("lcb_early", fetched=fetched))
+    got = shared_problems([("lcb_early", "lcb_late"), ("lcb_early", "lcb_all")], fetched)
+    assert got == {("lcb_early", "lcb_late"): 0, ("lcb_early", "lcb_all"): early} and early > 0
