@@ -47,6 +47,7 @@ GREEDY_NAMES = {
     GREEDY: "avg@1",
     "greedy_mean_length": "mean_length",
     "greedy_truncation_rate": "truncation_rate",
+    **{f"greedy_{kind}": kind for kind in EVAL_COUNTS},  # its own counts: the greedy tables' notes
 }
 _METRIC = re.compile(r"^(avg|pass|maj)@([1-9][0-9]*)$")
 _REPORT_METRIC = re.compile(r"^(avg|pass|maj)@(n|[1-9][0-9]*)$|^greedy@1$")
@@ -66,6 +67,12 @@ def is_report_metric(name: str) -> bool:
 def mlflow_key(benchmark: str, name: str) -> str:
     """``eval/{benchmark}/{name}`` with ``@`` spelled ``_at_``."""
     return f"{mlflow_prefix(benchmark)}{name.replace('@', '_at_')}"
+
+
+def count_key(benchmark: str, kind: str, metric: str) -> str:
+    """The MLflow key of an :data:`EVAL_COUNTS` count of the evaluation ``metric`` is computed on:
+    the greedy protocol's own (``greedy_{kind}``) for greedy@1, which scores its own samples."""
+    return mlflow_key(benchmark, f"greedy_{kind}" if metric == GREEDY else kind)
 
 
 def mlflow_prefix(benchmark: str) -> str:

@@ -33,6 +33,7 @@ def _greedy_metrics(bench: str, value: float) -> dict:
     """A greedy protocol's metrics.json as ``aggbench score`` writes it for n = 1."""
     return {
         "benchmark": bench,
+        "n_problems": 16,
         "n_samples": 1,
         "avg@1": value,
         "pass@1": value,
@@ -63,6 +64,11 @@ def greedy_grid(tmp_path_factory):
     for (rule, seed), by_bench in rf.EVALS.items():
         _write_greedy(results / "runs" / rf.cell_id(rule, seed), by_bench)
     _write_greedy(results / "base" / rf.MODEL, {b: {0: v} for b, v in rf.BASE.items()})
+    # the greedy protocol scored on fewer problems in one evaluation, the sampled one did not
+    trimmed = (
+        results / "runs" / rf.cell_id("sequence", 0) / "eval" / "step_8" / "greedy" / "tiny_test.metrics.json"
+    )
+    trimmed.write_text(json.dumps({**json.loads(trimmed.read_text()), "n_problems": 8}))
     exp = yaml.safe_load(config.read_text())
     exp["evaluation"]["greedy"] = True
     config.write_text(yaml.safe_dump(exp, sort_keys=False))
@@ -129,3 +135,23 @@ def test_a_changed_greedy_file_is_a_mismatch_the_report_refuses(greedy_grid):
         assert "greedy_at_1" in res.output and rf.cell_id("balanced", 1) in res.output, res.output
     finally:
         path.write_text(before)
+
+
+def test_the_greedy_tables_compare_the_greedy_protocols_own_problem_counts(greedy_grid):
+    """The greedy protocol scores its own samples file (metric_names.count_key): one greedy evaluation
+    on 8 of 16 problems is noted in the greedy tables only, and MLflow holds both counts."""
+    config, out, _ = greedy_grid
+    note = (
+        f"sequence: {rf.cell_id('sequence', 0)}: tiny_test: scored on fewer problems than other cells at "
+        "the same step (8 of 16 at step 8): not comparable"
+    )
+    assert note in (out / "greedy" / "last.md").read_text()
+    assert "fewer problems" not in (out / "last.md").read_text()  # (sequence is flagged as unfinished)
+    from aggbench.grid import load_experiment
+
+    exp = load_experiment(config)
+    client = init_store(tracking_uri(exp))
+    runs, _ = find_runs(client, exp["experiment"])
+    seq0 = runs[rf.cell_id("sequence", 0)].info.run_id
+    assert metric_history(client, seq0, "eval/tiny_test/greedy_n_problems") == {0: 16.0, 4: 16.0, 8: 8.0}
+    assert metric_history(client, seq0, "eval/tiny_test/n_problems") == {0: 16.0, 4: 16.0, 8: 16.0}

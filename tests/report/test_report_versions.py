@@ -201,6 +201,22 @@ def test_a_cell_scored_on_fewer_problems_is_flagged_naming_the_counts(grid):
     assert md.count("scored on fewer problems") == 3
 
 
+def test_a_base_model_scored_on_other_problems_than_the_cells_flags_the_base_row(grid):
+    """The base row is step 0 of every rule's gain: a base evaluation on 8 of the cells' 16 problems
+    (a limit set after it ran) is noted with both counts, and its row flagged; the cells are not."""
+    tmp_path, config = grid
+    path = tmp_path / "results" / "base" / rf.MODEL / "eval" / "step_0" / "tiny_test.metrics.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "n_problems": 8}))
+    rows, md = _report(tmp_path, config)
+    assert (
+        f"base: {rf.MODEL}__base: tiny_test: scored on 8 problems, the cells on 16 at step 4, 16 at step "
+        "8, 16 at step 12: gains over the base row are over other problem sets"
+    ) in md, md
+    assert rows[("last", "base (step 0)", "tiny_test")]["flagged"] == "1"
+    assert rows[("last", "token", "tiny_test")]["flagged"] == "0"
+    assert "math500: scored on" not in md  # its counts agree
+
+
 def test_problem_counts_are_compared_step_by_step_and_a_selection_benchmark_is_noted_only():
     """A limit changed for every cell between two steps leaves each step comparable: no note; a
     selection benchmark (not a column) with fewer problems is noted without flagging the row."""

@@ -113,6 +113,7 @@ class Collected:
     base: dict[str, dict[str, float]]  # model -> benchmark -> percent at step 0
     base_expected: bool
     base_ci: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)  # as ``base``
+    base_problems: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> benchmark -> n
 
     def blocks(self) -> list[tuple[str, str]]:
         return list(dict.fromkeys((c.cell.model, c.cell.dataset) for c in self.cells))
@@ -263,7 +264,7 @@ def collect(
             data.ci = {b: _trained(_ci(client, rid, b)) for b in boot}
             data.context = {
                 kind: {
-                    b: _trained(metric_history(client, rid, metric_names.mlflow_key(b, kind)))
+                    b: _trained(metric_history(client, rid, metric_names.count_key(b, kind, metric)))
                     for b in benchmarks
                 }
                 for kind in metric_names.EVAL_COUNTS
@@ -284,18 +285,29 @@ def collect(
             wanted = [SENTINEL, *train_keys, *weights]
             data.train = {k: metric_history(client, rid, k) for k in wanted}
         out.append(data)
-    base: dict[str, dict[str, float]] = {}
-    base_ci: dict[str, dict[str, tuple[float, float]]] = {}
+    base_expected = bool(exp.get("evaluation", {}).get("base_model", True))
+    label = metric_label(benchmarks, metric, exp)
+    col = Collected(exp, label, benchmarks, keys, out, {}, base_expected)
     for model in exp["models"]:
         run = runs.get(base_id(model))
         if run is not None:
-            hist = {b: metric_history(client, run.info.run_id, k) for b, k in keys.items()}
-            base[model] = {b: h[0] for b, h in hist.items() if 0 in h}
-            cis = {b: _ci(client, run.info.run_id, b) for b in boot}
-            base_ci[model] = {b: ci[0] for b, ci in cis.items() if 0 in ci}
-    base_expected = bool(exp.get("evaluation", {}).get("base_model", True))
-    label = metric_label(benchmarks, metric, exp)
-    return Collected(exp, label, benchmarks, keys, out, base, base_expected, base_ci)
+            _collect_base(col, client, model, run.info.run_id, boot, metric)
+    return col
+
+
+def _collect_base(
+    col: Collected, client: Any, model: str, run_id: str, boot: Sequence[str], metric: str
+) -> None:
+    """``model``'s step-0 evaluation into ``col``: its values, avg@n intervals (``boot``: the
+    benchmarks whose tabulated metric is avg@n) and the problems each was scored on."""
+    hist = {b: metric_history(client, run_id, k) for b, k in col.keys.items()}
+    col.base[model] = {b: h[0] for b, h in hist.items() if 0 in h}
+    cis = {b: _ci(client, run_id, b) for b in boot}
+    col.base_ci[model] = {b: ci[0] for b, ci in cis.items() if 0 in ci}
+    sizes = {
+        b: metric_history(client, run_id, metric_names.count_key(b, "n_problems", metric)) for b in col.keys
+    }
+    col.base_problems[model] = {b: int(h[0]) for b, h in sizes.items() if 0 in h}
 
 
 def _trained(by_step: dict[int, Any]) -> dict[int, Any]:

@@ -65,6 +65,50 @@ def _bench_note(note: str) -> str:
     return note
 
 
+def _problem_counts(
+    groups: Mapping[str, Sequence[CellData]], benchmark: str
+) -> tuple[list[tuple[str, CellData, dict[int, int]]], dict[int, int]]:
+    """([(rule, cell, {step: problems scored})], {step: the most problems any cell had there}) of
+    one benchmark over a block's cells (steps where a cell logged no n_problems are absent)."""
+    sizes = [
+        (rule, c, {t: int(n) for t, n in c.context.get("n_problems", {}).get(benchmark, {}).items()})
+        for rule, seeds in groups.items()
+        for c in seeds
+    ]
+    most: dict[int, int] = {}
+    for _, _, by_step in sizes:
+        for t, n in by_step.items():
+            most[t] = max(most.get(t, n), n)
+    return sizes, most
+
+
+def base_problem_notes(
+    base: str,
+    scored: Mapping[str, int],
+    groups: Mapping[str, Sequence[CellData]],
+    benchmarks: Sequence[str],
+    columns: Sequence[str],
+) -> tuple[list[str], bool]:
+    """(notes, flag the base row): the base model (run ``base``, ``scored``: {benchmark: problems
+    its step-0 evaluation scored}) scored on another number of problems than the most any cell of
+    its table had at a step, so a rule's gain over the base row is over two problem sets. Fewer or
+    more both count (an ``evaluation.limit`` set after the base ran trims every cell alike). A
+    column flags the base row; a selection benchmark is noted only; no count, no comparison."""
+    notes, flag = [], False
+    for b in benchmarks:
+        n0 = scored.get(b)
+        _, most = _problem_counts(groups, b)
+        other = {t: n for t, n in sorted(most.items()) if n0 is not None and n != n0}
+        if other:
+            flag |= b in columns
+            at = ", ".join(f"{n} at step {t}" for t, n in other.items())
+            notes.append(
+                f"base: {base}: {b}: scored on {n0} problems, the cells on {at}: gains over the base row "
+                "are over other problem sets; evaluate both on the same set"
+            )
+    return notes, flag
+
+
 def _problem_set_notes(
     groups: Mapping[str, Sequence[CellData]], benchmarks: Sequence[str], columns: Sequence[str]
 ) -> tuple[list[str], set[str]]:
@@ -77,15 +121,7 @@ def _problem_set_notes(
     whose every cell was trimmed alike is not flagged (``evaluation.limit`` on the grid says so)."""
     notes, flagged = [], set()
     for b in benchmarks:
-        sizes = [
-            (rule, c, {t: int(n) for t, n in c.context.get("n_problems", {}).get(b, {}).items()})
-            for rule, seeds in groups.items()
-            for c in seeds
-        ]
-        most: dict[int, int] = {}
-        for _, _, by_step in sizes:
-            for t, n in by_step.items():
-                most[t] = max(most.get(t, n), n)
+        sizes, most = _problem_counts(groups, b)
         for rule, c, by_step in sizes:
             fewer = {t: n for t, n in sorted(by_step.items()) if n < most[t]}
             if fewer:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 from aggbench import grid
 from aggbench.report.collect import CellData, Collected
 from aggbench.report.ingest import base_id
-from aggbench.report.notes import cell_notes
+from aggbench.report.notes import base_problem_notes, cell_notes
 from aggbench.report.stats import peak_to_last, t_interval
 
 if TYPE_CHECKING:
@@ -353,6 +353,10 @@ def build_tables(
         missing_base = [b for b in benches if b not in base_vals]
         if col.base_expected and missing_base:
             notes.append(f"base: {base_id(model)}: no step-0 evaluation of {', '.join(missing_base)}")
+        sizes, base_unequal = base_problem_notes(
+            base_id(model), col.base_problems.get(model, {}), groups, col.benchmarks, benches
+        )
+        notes += sizes if col.base_expected else []
         n_seeds = max((len(s) for s in groups.values()), default=0)
         for definition in definitions:
             rows = []
@@ -366,7 +370,7 @@ def build_tables(
                     [statistics.fmean(base_vals[b] for b in benches)] if not missing_base else [], 0
                 )
                 entries[DROP] = Entry()
-                rows.append(Row(BASE_LABEL, "base", entries, 0, bool(missing_base)))
+                rows.append(Row(BASE_LABEL, "base", entries, 0, bool(missing_base) or base_unequal))
             for rule, seeds in groups.items():
                 steps_text = None
                 if definition == "selected":
