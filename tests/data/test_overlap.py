@@ -1,9 +1,12 @@
-"""Verbatim overlap of selection and test splits (``data.overlap.shared_problems``), on real rows
-from ../shared/data: the report notes each (selection, test) pair that shares problems, under the
-selected table (tests/report/test_selected_table.py covers the note)."""
+"""Verbatim overlap of selection splits and training files with test benchmarks
+(``data.overlap.shared_problems``), on real rows from ../shared/data: the report notes each
+(selection, test) pair that shares problems under the selected table
+(tests/report/test_selected_table.py covers the note), and each (training set, test) pair under
+every table of its blocks."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -86,3 +89,49 @@ def test_date_windowed_splits_of_one_fetched_file_are_compared_within_their_wind
     early = len(load_benchmark("lcb_early", fetched=fetched))
     got = shared_problems([("lcb_early", "lcb_late"), ("lcb_early", "lcb_all")], fetched)
     assert got == {("lcb_early", "lcb_late"): 0, ("lcb_early", "lcb_all"): early} and early > 0
+
+
+def test_a_prepared_training_file_is_compared_with_the_tests_on_its_bare_problems(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A training set built from DAPO's AIME-2024 file with 5 problems held out: prepare-data wraps
+    every problem in DAPO's instruction, which is taken off again. Of the other 25 problems, 24 are
+    aime24's verbatim and the 25th is too, reworded: DAPO's copy of the torus problem ("Torus
+    $\\mathcal T$ is the surface ... When a sphere of radius $11$ rests inside") is not aime24's text
+    ("Torus $T$ ... (so like a donut)"), which a verbatim match cannot find. None is MATH-500's. A file
+    prepared under another template is a reason, not a count."""
+    from click.testing import CliRunner
+
+    from aggbench.cli import main
+    from aggbench.cli.report import _training_overlaps
+    from aggbench.data.overlap import TrainingFile, shared_problems
+    from aggbench.layout import benchmark_data_dir, data_file
+
+    shipped = yaml.safe_load(
+        (Path(__file__).parents[2] / "configs" / "datasets" / "dapo17k.yaml").read_text()
+    )
+    (tmp_path / "datasets").mkdir()
+    spec = {**shipped, "name": "dapoaime", "offline_file": DAPO_EVAL, "holdout": {"n": 5, "seed": 0}}
+    (tmp_path / "datasets" / "dapoaime.yaml").write_text(yaml.safe_dump(spec))
+    monkeypatch.setenv("AGGBENCH_DATASET_DIR", str(tmp_path / "datasets"))
+    monkeypatch.setenv("AGGBENCH_DATA_DIR", str(shared_data))
+    results = tmp_path / "results"
+    prepared = data_file(results, "dapoaime")
+    res = CliRunner().invoke(main, ["prepare-data", "dapoaime", "--out", str(prepared)])
+    assert res.exit_code == 0, res.output
+    first = json.loads(prepared.read_text().splitlines()[0])["prompt"]
+    assert first.startswith("Solve the following math problem step by step.")  # wrapped, as trained on
+    fetched = benchmark_data_dir(results)
+    fetch_benchmarks(["aime24", "math500"], fetched, data_dir=shared_data, echo=lambda _: None)
+    exp = {
+        "results_dir": str(results),
+        "benchmarks": ["aime24", "math500"],
+        "datasets": {"dapoaime": {"spec": "dapoaime"}, "unprepared": {"spec": "dapoaime"}},
+        "evaluation": {},
+    }
+    got = _training_overlaps(exp)
+    assert got[("dapoaime", "aime24")] == 24 and got[("dapoaime", "math500")] == 0
+    assert got[("unprepared", "aime24")] == f"no prepared file {data_file(results, 'unprepared')}"
+    other = TrainingFile("dapoaime", prepared, "Q: {prompt}")
+    [why] = shared_problems([(other, "aime24")], fetched).values()
+    assert "is not wrapped in dapoaime's instruction_template" in why and "prepare it again" in why

@@ -217,6 +217,30 @@ def test_a_base_model_scored_on_other_problems_than_the_cells_flags_the_base_row
     assert "math500: scored on" not in md  # its counts agree
 
 
+def test_test_problems_the_prepared_training_file_holds_are_noted_under_every_table(grid):
+    """Every cell of a block trained on its dataset's prepared file: `aggbench report` counts the
+    test problems that file holds (data.overlap, its instruction template taken off) and notes them
+    under the block's tables, peak and last; a benchmark it cannot read says why, once."""
+    from aggbench.data import load_benchmark
+    from aggbench.layout import data_file
+
+    tmp_path, config = grid
+    test = [r["prompt"] for r in load_benchmark("tiny_test")][:3]
+    prepared = data_file(tmp_path / "results", "tiny")
+    prepared.parent.mkdir(parents=True)
+    rows = [*test, test[0], "What is 1 + 1?"]
+    prepared.write_text("".join(json.dumps({"prompt": t, "answer": "0"}) + "\n" for t in rows))
+    _, md = _report(tmp_path, config)
+    note = "training set tiny holds 3 of tiny_test's problems verbatim"
+    assert md.count(note) == md.count("## tiny / tiny") >= 1, md
+    peak = (tmp_path / "tables" / "peak.md").read_text()
+    assert peak.count(note) == peak.count("## tiny / tiny") >= 2  # per benchmark and best average
+    [unread] = [line for line in md.splitlines() if "not compared with" in line]
+    assert unread.startswith(
+        "- training set tiny not compared with math500 for shared problems: math500: "
+    ), unread
+
+
 def test_problem_counts_are_compared_step_by_step_and_a_selection_benchmark_is_noted_only():
     """A limit changed for every cell between two steps leaves each step comparable: no note; a
     selection benchmark (not a column) with fewer problems is noted without flagging the row."""

@@ -51,6 +51,27 @@ def _selection_overlaps(exp: dict) -> dict[tuple[str, str], Overlap]:
     return shared_problems(pairs, layout.benchmark_data_dir(grid.results_dir(exp))) if pairs else {}
 
 
+def _training_overlaps(exp: dict) -> dict[tuple[str, str], Overlap]:
+    """{(dataset, test benchmark): problems its prepared training file and the test share, or why
+    not compared} for every dataset of the grid (``data.overlap``): noted under each table of the
+    dataset's blocks, since every cell of them trained on those problems."""
+    from aggbench import grid, layout
+    from aggbench.data import load_training_spec
+    from aggbench.data.overlap import TrainingFile, shared_problems
+
+    root, tests = grid.results_dir(exp), grid.test_benchmarks(exp)
+    sides, out = {}, {}
+    for name, ds in exp["datasets"].items():
+        path = layout.data_file(root, name)
+        if path.is_file():
+            sides[name] = TrainingFile(name, path, load_training_spec(ds["spec"]).instruction_template)
+        else:
+            out |= {(name, t): f"no prepared file {path}" for t in tests}
+    pairs = [(side, t) for side in sides.values() for t in tests]
+    found = shared_problems(pairs, layout.benchmark_data_dir(root)) if pairs else {}
+    return out | {(side.dataset, t): n for (side, t), n in found.items()}
+
+
 def _load(config: Path) -> dict:
     from aggbench.grid import load_experiment
 
@@ -181,7 +202,8 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
         changes = config_changes(exp)  # once: both table sets flag the same cells
         col = collect(exp, client, metric=metric, rule_versions=_rule_versions(exp), changes=changes)
         overlaps = _selection_overlaps(exp)  # read once: both table sets choose on the same splits
-        tables = build_tables(col, mismatched={p.cell_id for p in errors}, overlaps=overlaps)
+        trained = _training_overlaps(exp)  # and trained on the same files
+        tables = build_tables(col, mismatched={p.cell_id for p in errors}, overlaps=overlaps, trained=trained)
     paths = write_tables(tables, out, exp["experiment"], col)
     if exp["evaluation"].get("extra_seeds"):  # training seed vs evaluation sampling vs problems
         from aggbench.report.variance import write_variance
@@ -192,7 +214,11 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
         with click_error(ValueError):
             g_col = collect(exp, client, metric=GREEDY, rule_versions=_rule_versions(exp), changes=changes)
             g_tables = build_tables(
-                g_col, mismatched={p.cell_id for p in errors}, reported=False, overlaps=overlaps
+                g_col,
+                mismatched={p.cell_id for p in errors},
+                reported=False,
+                overlaps=overlaps,
+                trained=trained,
             )
         heading = f"{exp['experiment']}, greedy decoding (n=1, temperature 0)"
         greedy = write_tables(g_tables, layout.greedy_dir(out), heading, g_col)

@@ -1,5 +1,6 @@
 """Problems a selection benchmark shares with a test benchmark (issue 27, item 3's honest peaks):
-a checkpoint chosen on a split that holds test problems has seen part of the test it reports.
+a checkpoint chosen on a split that holds test problems has seen part of the test it reports; and
+problems a prepared training file shares with a test benchmark: every cell trained on those.
 
 Two records are the same problem when their problem text is equal after Unicode NFKC and collapsing
 whitespace (:func:`aggbench.data.holdout.problem_key`, the key the holdout split uses). This finds
@@ -10,6 +11,7 @@ fuzzy match over every pair would need an n-gram index; none of the field's libr
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -19,7 +21,39 @@ from aggbench.data.holdout import problem_key
 Overlap = int | str
 
 
-def _keys(name: str, fetched: Path) -> set[str]:
+@dataclass(frozen=True)
+class TrainingFile:
+    """A prepared training file (``aggbench prepare-data``'s output, ``layout.data_file``) as one side
+    of a pair. ``template``: its spec's ``instruction_template``, which prepare-data put around each
+    problem and which is taken off again before comparing (benchmark records hold the bare problem)."""
+
+    dataset: str
+    path: Path
+    template: str
+
+    def __str__(self) -> str:
+        return f"training set {self.dataset}"
+
+
+def _training_keys(side: TrainingFile) -> set[str]:
+    """The problem keys of a prepared training file, its instruction template taken off. Raises
+    ValueError for a prompt the template does not wrap (prepared under another template)."""
+    from aggbench.data.jsonl import iter_jsonl
+
+    prefix, suffix = side.template.split("{prompt}")
+    keys = set()
+    for line, row in iter_jsonl(side.path):
+        text = row["prompt"]
+        if not (text.startswith(prefix) and text.endswith(suffix)):
+            raise ValueError(
+                f"{side.path} line {line}: its prompt is not wrapped in {side.dataset}'s instruction_template "
+                "(prepared under another spec): prepare it again"
+            )
+        keys.add(problem_key(text[len(prefix) : len(text) - len(suffix)]))
+    return keys
+
+
+def _keys(name: str | TrainingFile, fetched: Path) -> set[str]:
     """The problem keys of benchmark ``name`` as the evaluation reads it: the built-in task, or the
     fetched copy's records in the spec's date window. Only each line's prompt is kept (a code
     benchmark's tests can be gigabytes), and the file is not hashed again (the generate jobs check
@@ -28,6 +62,8 @@ def _keys(name: str, fetched: Path) -> set[str]:
     from aggbench.data.fetch import FetchedDataError, read_lock, records_file
     from aggbench.data.jsonl import iter_jsonl
 
+    if isinstance(name, TrainingFile):
+        return _training_keys(name)
     spec = load_benchmark_spec(name)
     if spec.builtin is not None:
         return {problem_key(r["prompt"]) for r in load_benchmark(spec)}
@@ -41,20 +77,22 @@ def _keys(name: str, fetched: Path) -> set[str]:
     }
 
 
-def shared_problems(pairs: Iterable[tuple[str, str]], fetched: str | Path) -> dict[tuple[str, str], Overlap]:
-    """{(selection benchmark, test benchmark): how many distinct problems both hold, or why they
-    were not compared} for each pair of ``pairs``. ``fetched``: the grid's fetched benchmark copy
-    (``layout.benchmark_data_dir``). A record without a prompt or a date where its window needs one
-    is a reason, not a crash: the caller's report goes on."""
+def shared_problems(
+    pairs: Iterable[tuple[str | TrainingFile, str]], fetched: str | Path
+) -> dict[tuple[str | TrainingFile, str], Overlap]:
+    """{(selection benchmark or training file, test benchmark): how many distinct problems both
+    hold, or why they were not compared} for each pair of ``pairs``. ``fetched``: the grid's
+    fetched benchmark copy (``layout.benchmark_data_dir``). A record without a prompt or a date
+    where its window needs one is a reason, not a crash: the caller's report goes on."""
     from aggbench.errors import InputError
 
-    cache: dict[str, set[str] | str] = {}
+    cache: dict[str | TrainingFile, set[str] | str] = {}
     for name in {n for pair in pairs for n in pair}:
         try:
             cache[name] = _keys(name, Path(fetched))
         except (InputError, OSError, KeyError, TypeError, ValueError) as exc:
             cache[name] = f"{name}: {exc}" if isinstance(exc, KeyError) else str(exc)
-    out: dict[tuple[str, str], Overlap] = {}
+    out: dict[tuple[str | TrainingFile, str], Overlap] = {}
     for sel, test in dict.fromkeys(pairs):
         a, b = cache[sel], cache[test]
         out[sel, test] = a if isinstance(a, str) else b if isinstance(b, str) else len(a & b)

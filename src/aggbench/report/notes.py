@@ -1,7 +1,7 @@
 """The footnotes under a block's tables, one list per block: why a cell is missing or unfinished,
 MLflow differing from its run files, the evaluation's counts (prompts that did not fit the context,
 responses the grading harness decided), the grader ledger, an evaluation's own notes, and a cell
-scored on fewer problems than the others. Split from ``aggbench.report.tables``, which lays out
+scored on fewer problems than the others, test problems the training set holds. Split from ``aggbench.report.tables``, which lays out
 the tables they sit under.
 """
 
@@ -158,3 +158,27 @@ def cell_notes(
             notes += [f"{rule}: {c.cell.id}: {n}" for n in _ledger_notes(c.ledger)]
     sizes, unequal = _problem_set_notes(groups, benchmarks, columns)
     return notes + sizes, flagged | unequal
+
+
+def training_overlap_notes(
+    dataset: str, benchmarks: Sequence[str], trained: Mapping[tuple[str, str], int | str]
+) -> list[str]:
+    """The test problems a block's training set holds too (``trained``: {(dataset, test benchmark):
+    problems both hold, or why they were not compared}, ``data.overlap.shared_problems``): every
+    cell of the block trained on them, so its score on them may be recall. A reason shared by
+    several benchmarks is said once."""
+    out, reasons = [], {}
+    for b in benchmarks:
+        got = trained.get((dataset, b))
+        if isinstance(got, str):
+            reasons.setdefault(got, []).append(b)
+        elif got:
+            out.append(
+                f"training set {dataset} holds {got} of {b}'s problems verbatim (same text up to Unicode "
+                "form and spacing): every cell of this table trained on them"
+            )
+    out += [
+        f"training set {dataset} not compared with {', '.join(bs)} for shared problems: {why}"
+        for why, bs in reasons.items()
+    ]
+    return out

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 from aggbench import grid
 from aggbench.report.collect import CellData, Collected
 from aggbench.report.ingest import base_id
-from aggbench.report.notes import base_problem_notes, cell_notes
+from aggbench.report.notes import base_problem_notes, cell_notes, training_overlap_notes
 from aggbench.report.stats import peak_to_last, t_interval
 
 if TYPE_CHECKING:
@@ -327,11 +327,14 @@ def build_tables(
     mismatched: Iterable[str] = (),
     reported: bool = True,
     overlaps: Mapping[tuple[str, str], Overlap] | None = None,
+    trained: Mapping[tuple[str, str], Overlap] | None = None,
 ) -> dict[str, list[Table]]:
     """{"peak": [per-benchmark and best-average table of every block], "last": [...]}.
 
     overlaps: {(selection benchmark, test benchmark): problems both hold, or why they were not
     compared}, noted under the selected table (``data.overlap.shared_problems``; none: no note).
+    trained: {(dataset, test benchmark): problems its prepared training file holds too, or why not
+    compared}, noted under every table of the dataset's blocks (none: no note).
     mismatched: cell ids whose MLflow data differ from their run files (flagged, not dropped).
     reported: show the config's ``reported:`` numbers and deltas (off for the greedy tables: the
     paper's numbers are of its own sampled protocol, not of greedy decoding).
@@ -357,6 +360,7 @@ def build_tables(
             base_id(model), col.base_problems.get(model, {}), groups, col.benchmarks, benches
         )
         notes += sizes if col.base_expected else []
+        notes += training_overlap_notes(dataset, benches, trained or {})
         n_seeds = max((len(s) for s in groups.values()), default=0)
         for definition in definitions:
             rows = []
