@@ -370,6 +370,27 @@ def test_a_holdout_is_paired_only_with_the_datasets_trained_on_exactly_its_set(t
     ), found
     assert "cells of dataset 'renamed' train on 'renamed'" in found[0]
     assert "dataset 'reseeded' trains on" in found[1] and "seed=9" in found[1]
+    # the split check and grid check's warning use those pairs: every prepared file below left out
+    # other problems (or recorded none), and only the paired datasets' files are named
+    from aggbench.data.grid_checks import split_problems
+    from aggbench.data.holdout import write_holdout_record
+    from aggbench.layout import benchmark_data_dir, data_file
+    from aggbench.plan.readiness import unchecked_splits
+
+    fetched = benchmark_data_dir(exp["results_dir"])
+    fetch_benchmarks(["toy_val"], fetched, echo=lambda _: None)
+    prepared = {name: data_file(exp["results_dir"], name) for name in exp["datasets"]}
+    for name, path in prepared.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"prompt": "What is 1 + 1?", "answer": "2"}) + "\n")
+        write_holdout_record(path, specs.datasets[name], [{"prompt": "What is 1 + 1?"}])
+    found = split_problems(specs, prepared, fetched)
+    assert [p.split(":")[0] for p in found] == ["datasets.toy", "datasets.also_toy"], found
+    for name, path in prepared.items():  # recorded before digests were kept
+        write_holdout_record(path, specs.datasets[name])
+    [warning] = unchecked_splits(exp)
+    assert f"{prepared['toy']} (delete it" in warning and f"{prepared['also_toy']} (delete it" in warning
+    assert "renamed" not in warning and "reseeded" not in warning
 
 
 def test_a_holdout_benchmark_of_a_set_without_holdout_or_of_no_set_is_refused(toy, tmp_path) -> None:

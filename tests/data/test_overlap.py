@@ -43,7 +43,7 @@ def test_a_holdout_drawn_from_aime_problems_is_found_to_hold_aime24s(
     )
     monkeypatch.setenv("AGGBENCH_DATASET_DIR", str(root / "datasets"))
     monkeypatch.setenv("AGGBENCH_BENCHMARK_DIR", str(root / "benchmarks"))
-    from aggbench.cli.report import _selection_overlaps
+    from aggbench.cli.report import _overlaps
     from aggbench.layout import benchmark_data_dir
 
     results = tmp_path / "results"
@@ -57,8 +57,16 @@ def test_a_holdout_drawn_from_aime_problems_is_found_to_hold_aime24s(
     assert "olympiadbench: not in the fetched copy" in got[("dapoaime_val", "olympiadbench")]
     # the report's reading of a grid's selections: (selection, test) pairs, per dataset too
     selection = {"aime24": "dapoaime_val", "math500": {"dapoaime": "dapoaime_val"}}
-    exp = {"results_dir": str(results), "datasets": {"dapoaime": {}}, "evaluation": {"selection": selection}}
-    assert _selection_overlaps(exp) == {("dapoaime_val", "aime24"): 5, ("dapoaime_val", "math500"): 0}
+    exp = {
+        "results_dir": str(results),
+        "benchmarks": ["dapoaime_val", "aime24", "math500"],
+        "datasets": {"dapoaime": {}},
+        "evaluation": {"selection": selection},
+    }
+    chosen, trained = _overlaps(exp)
+    assert chosen == {("dapoaime_val", "aime24"): 5, ("dapoaime_val", "math500"): 0}
+    missing = "no prepared file data/dapoaime.jsonl in the results directory"  # relative: same everywhere
+    assert trained == {("dapoaime", "aime24"): missing, ("dapoaime", "math500"): missing}
 
 
 def test_date_windowed_splits_of_one_fetched_file_are_compared_within_their_windows(
@@ -103,7 +111,8 @@ def test_a_prepared_training_file_is_compared_with_the_tests_on_its_bare_problem
     from click.testing import CliRunner
 
     from aggbench.cli import main
-    from aggbench.cli.report import _training_overlaps
+    from aggbench.cli.report import _overlaps
+    from aggbench.data import load_training_spec
     from aggbench.data.overlap import TrainingFile, shared_problems
     from aggbench.layout import benchmark_data_dir, data_file
 
@@ -129,9 +138,28 @@ def test_a_prepared_training_file_is_compared_with_the_tests_on_its_bare_problem
         "datasets": {"dapoaime": {"spec": "dapoaime"}, "unprepared": {"spec": "dapoaime"}},
         "evaluation": {},
     }
-    got = _training_overlaps(exp)
+    _, got = _overlaps(exp)
     assert got[("dapoaime", "aime24")] == 24 and got[("dapoaime", "math500")] == 0
-    assert got[("unprepared", "aime24")] == f"no prepared file {data_file(results, 'unprepared')}"
-    other = TrainingFile("dapoaime", prepared, "Q: {prompt}")
+    assert got[("unprepared", "aime24")] == "no prepared file data/unprepared.jsonl in the results directory"
+    # a file prepared under another template, a row without a text prompt: reasons naming the line
+    other = TrainingFile(
+        "dapoaime",
+        prepared,
+        load_training_spec("dapoaime").model_copy(update={"instruction_template": "Q: {prompt}"}),
+    )
     [why] = shared_problems([(other, "aime24")], fetched).values()
-    assert "is not wrapped in dapoaime's instruction_template" in why and "prepare it again" in why
+    assert (
+        why.startswith(f"{prepared}:1: field 'prompt': does not match instruction_template")
+        and "prepare it again" in why
+    )
+    for bad, what in (
+        ({"answer": "1"}, "expected text, got NoneType"),
+        ({"prompt": [1]}, "expected text, got list"),
+    ):
+        broken = tmp_path / "broken.jsonl"
+        broken.write_text(prepared.read_text().splitlines()[0] + "\n" + json.dumps(bad) + "\n")
+        side = TrainingFile("dapoaime", broken, load_training_spec("dapoaime"))
+        assert (
+            shared_problems([(side, "aime24")], fetched)[side, "aime24"]
+            == f"{broken}:2: field 'prompt': {what}"
+        )

@@ -209,8 +209,8 @@ def test_a_base_model_scored_on_other_problems_than_the_cells_flags_the_base_row
     path.write_text(json.dumps({**json.loads(path.read_text()), "n_problems": 8}))
     rows, md = _report(tmp_path, config)
     assert (
-        f"base: {rf.MODEL}__base: tiny_test: scored on 8 problems, the cells on 16 at step 4, 16 at step "
-        "8, 16 at step 12: gains over the base row are over other problem sets"
+        f"base: {rf.MODEL}__base: tiny_test: scored on 8 problems, the cells on 16 at every evaluated "
+        "step: gains over the base row are over other problem sets"
     ) in md, md
     assert rows[("last", "base (step 0)", "tiny_test")]["flagged"] == "1"
     assert rows[("last", "token", "tiny_test")]["flagged"] == "0"
@@ -239,6 +239,33 @@ def test_test_problems_the_prepared_training_file_holds_are_noted_under_every_ta
     assert unread.startswith(
         "- training set tiny not compared with math500 for shared problems: math500: "
     ), unread
+
+
+def test_a_base_row_with_more_problems_or_a_step_apart_is_noted_with_those_steps():
+    """More problems than the cells count as much as fewer (a limit set after the base ran); the
+    steps whose count equals the base's are not listed; a selection benchmark is noted, not flagged;
+    a benchmark without a base count is not compared."""
+    from aggbench.grid import Cell
+    from aggbench.report.collect import CellData
+    from aggbench.report.notes import base_problem_notes
+
+    c = CellData(Cell("m__d__token__s0", "m", "d", "token", 0), "run", True, 8, [4, 8])
+    c.context = {"n_problems": {"tiny_test": {4: 30.0, 8: 20.0}, "tiny_val": {4: 10.0, 8: 10.0}}}
+    groups = {"token": [c]}
+    notes, flag = base_problem_notes(
+        "m__base", {"tiny_test": 30, "tiny_val": 20}, groups, ["tiny_test", "tiny_val"], ["tiny_test"]
+    )
+    assert notes == [
+        "base: m__base: tiny_test: scored on 30 problems, the cells on 20 at step 8: gains over the base row "
+        "are over other problem sets; evaluate both on the same set",
+        "base: m__base: tiny_val: scored on 20 problems, the cells on 10 at every evaluated step: gains over "
+        "the base row are over other problem sets; evaluate both on the same set",
+    ]
+    assert flag
+    notes, flag = base_problem_notes(
+        "m__base", {"tiny_val": 20}, groups, ["tiny_test", "tiny_val"], ["tiny_test"]
+    )
+    assert len(notes) == 1 and "tiny_val" in notes[0] and not flag  # a selection benchmark: noted only
 
 
 def test_problem_counts_are_compared_step_by_step_and_a_selection_benchmark_is_noted_only():

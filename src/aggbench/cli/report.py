@@ -40,36 +40,32 @@ def _rule_versions(exp: dict) -> dict[str, str]:
     return {a["name"]: resolve_instance(a).spec.version for a in aggregations(exp)}
 
 
-def _selection_overlaps(exp: dict) -> dict[tuple[str, str], Overlap]:
-    """{(selection benchmark, test benchmark): problems both hold, or why not compared} over the
-    grid's selections, read from its fetched benchmark copy (``data.overlap``): noted under the
-    selected tables."""
-    from aggbench import grid, layout
-    from aggbench.data.overlap import shared_problems
-
-    pairs = [(sel, test) for ds in exp["datasets"] for test, sel in grid.selection_for(exp, ds).items()]
-    return shared_problems(pairs, layout.benchmark_data_dir(grid.results_dir(exp))) if pairs else {}
-
-
-def _training_overlaps(exp: dict) -> dict[tuple[str, str], Overlap]:
-    """{(dataset, test benchmark): problems its prepared training file and the test share, or why
-    not compared} for every dataset of the grid (``data.overlap``): noted under each table of the
-    dataset's blocks, since every cell of them trained on those problems."""
+def _overlaps(exp: dict) -> tuple[dict[tuple[str, str], Overlap], dict[tuple[str, str], Overlap]]:
+    """({(selection benchmark, test benchmark): problems both hold, or why not compared} over the
+    grid's selections, noted under the selected tables; {(dataset, test benchmark): the same for
+    its prepared training file}, noted under every table of the dataset's blocks, since every cell
+    there trained on it). One ``data.overlap.shared_problems`` call: each benchmark's fetched copy
+    is read once (a code benchmark's can be gigabytes)."""
     from aggbench import grid, layout
     from aggbench.data import load_training_spec
     from aggbench.data.overlap import TrainingFile, shared_problems
 
     root, tests = grid.results_dir(exp), grid.test_benchmarks(exp)
-    sides, out = {}, {}
+    chosen = [(sel, test) for ds in exp["datasets"] for test, sel in grid.selection_for(exp, ds).items()]
+    sides, trained = [], {}
     for name, ds in exp["datasets"].items():
         path = layout.data_file(root, name)
         if path.is_file():
-            sides[name] = TrainingFile(name, path, load_training_spec(ds["spec"]).instruction_template)
-        else:
-            out |= {(name, t): f"no prepared file {path}" for t in tests}
-    pairs = [(side, t) for side in sides.values() for t in tests]
-    found = shared_problems(pairs, layout.benchmark_data_dir(root)) if pairs else {}
-    return out | {(side.dataset, t): n for (side, t), n in found.items()}
+            sides.append(TrainingFile(name, path, load_training_spec(ds["spec"])))
+        else:  # relative: the tables read the same on every machine
+            trained |= {
+                (name, t): f"no prepared file {path.relative_to(root)} in the results directory"
+                for t in tests
+            }
+    pairs = [(side, t) for side in sides for t in tests]
+    found = shared_problems([*chosen, *pairs], layout.benchmark_data_dir(root)) if chosen or pairs else {}
+    trained |= {(side.dataset, t): found[side, t] for side, t in pairs}
+    return {pair: found[pair] for pair in chosen}, trained
 
 
 def _load(config: Path) -> dict:
@@ -201,8 +197,7 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
     with click_error(ValueError):
         changes = config_changes(exp)  # once: both table sets flag the same cells
         col = collect(exp, client, metric=metric, rule_versions=_rule_versions(exp), changes=changes)
-        overlaps = _selection_overlaps(exp)  # read once: both table sets choose on the same splits
-        trained = _training_overlaps(exp)  # and trained on the same files
+        overlaps, trained = _overlaps(exp)  # read once: both table sets chose on and trained on the same
         tables = build_tables(col, mismatched={p.cell_id for p in errors}, overlaps=overlaps, trained=trained)
     paths = write_tables(tables, out, exp["experiment"], col)
     if exp["evaluation"].get("extra_seeds"):  # training seed vs evaluation sampling vs problems

@@ -11,11 +11,15 @@ fuzzy match over every pair would need an n-gram index; none of the field's libr
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aggbench.data.holdout import problem_key
+
+if TYPE_CHECKING:
+    from aggbench.data.training import TrainingDatasetSpec
 
 # per (selection, test) pair: the problems both hold, or why they could not be compared here
 Overlap = int | str
@@ -24,12 +28,13 @@ Overlap = int | str
 @dataclass(frozen=True)
 class TrainingFile:
     """A prepared training file (``aggbench prepare-data``'s output, ``layout.data_file``) as one side
-    of a pair. ``template``: its spec's ``instruction_template``, which prepare-data put around each
-    problem and which is taken off again before comparing (benchmark records hold the bare problem)."""
+    of a pair. ``spec``: its training spec, whose ``instruction_template`` prepare-data put around
+    each problem and :meth:`~aggbench.data.training.TrainingDatasetSpec.strip` takes off again before
+    comparing (benchmark records hold the bare problem)."""
 
     dataset: str
     path: Path
-    template: str
+    spec: TrainingDatasetSpec = field(compare=False)
 
     def __str__(self) -> str:
         return f"training set {self.dataset}"
@@ -37,19 +42,21 @@ class TrainingFile:
 
 def _training_keys(side: TrainingFile) -> set[str]:
     """The problem keys of a prepared training file, its instruction template taken off. Raises
-    ValueError for a prompt the template does not wrap (prepared under another template)."""
-    from aggbench.data.jsonl import iter_jsonl
+    DataError naming the file, line and field for a row without a text prompt or one the template
+    does not wrap (prepared under another spec)."""
+    from aggbench.data.jsonl import DataError, iter_jsonl
+    from aggbench.data.rows import as_text
 
-    prefix, suffix = side.template.split("{prompt}")
-    keys = set()
+    where, keys = str(side.path), set()
     for line, row in iter_jsonl(side.path):
-        text = row["prompt"]
-        if not (text.startswith(prefix) and text.endswith(suffix)):
-            raise ValueError(
-                f"{side.path} line {line}: its prompt is not wrapped in {side.dataset}'s instruction_template "
-                "(prepared under another spec): prepare it again"
-            )
-        keys.add(problem_key(text[len(prefix) : len(text) - len(suffix)]))
+        text = as_text(row.get("prompt"), where, line, "prompt")
+        try:
+            bare = side.spec.strip(text, where=where, line=line, field="prompt")
+        except DataError as exc:
+            raise DataError(
+                where, line, "prompt", f"{exc.reason}: prepared under another spec? prepare it again"
+            ) from exc
+        keys.add(problem_key(bare))
     return keys
 
 

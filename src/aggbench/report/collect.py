@@ -269,12 +269,13 @@ def collect(
                 }
                 for kind in metric_names.EVAL_COUNTS
             }
-            data.ledger = {
+            data.ledger = {  # the sampled responses' verdicts: not the greedy protocol's
                 kind: {
                     b: _trained(metric_history(client, rid, metric_names.mlflow_key(b, kind)))
                     for b in benchmarks
                 }
                 for kind in metric_names.LEDGER_COUNTS
+                if metric != metric_names.GREEDY
             }
             data.bench_notes = {
                 b: note

@@ -101,7 +101,12 @@ def base_problem_notes(
         other = {t: n for t, n in sorted(most.items()) if n0 is not None and n != n0}
         if other:
             flag |= b in columns
-            at = ", ".join(f"{n} at step {t}" for t, n in other.items())
+            every = len(other) == len(most) and len(set(other.values())) == 1
+            at = (
+                f"{next(iter(other.values()))} at every evaluated step"
+                if every
+                else ", ".join(f"{n} at step {t}" for t, n in other.items())
+            )
             notes.append(
                 f"base: {base}: {b}: scored on {n0} problems, the cells on {at}: gains over the base row "
                 "are over other problem sets; evaluate both on the same set"
