@@ -21,61 +21,15 @@ from aggbench.data.fetch import FetchedDataError, fetch_benchmarks, read_fetched
 from aggbench.data.grid_checks import load_data_specs, selection_problems
 from aggbench.data.holdout import Holdout, load_holdout
 from aggbench.data.training import load_training_dataset
+from helpers.holdout_toy import toy_grid, toy_rows, write_specs
 
 DAPO_EVAL = "train/dapo17k/dapo_repo_eval_aime-2024_dapo_format.jsonl"
 MATH_TESTS = ["math500", "aime24", "aime25", "olympiadbench", "minerva"]
-BOXED = "{prompt}\nPlease reason step by step, and put your final answer within \\boxed{}."
-
-
-def _write_specs(root: Path, *, n: int = 3, seed: int = 0, rows: list[dict] | None = None) -> Path:
-    """A training spec `toy` (offline file, holdout n/seed) and a benchmark `toy_val` holding it out,
-    under root/datasets and root/benchmarks; the data under root/data."""
-    (root / "datasets").mkdir(exist_ok=True)
-    (root / "benchmarks").mkdir(exist_ok=True)
-    (root / "data").mkdir(exist_ok=True)
-    spec = {
-        "name": "toy",
-        "version": 1,
-        "offline_file": "toy.jsonl",
-        "fields": {"id": "uid", "prompt": "problem", "answer": "answer"},
-        "grader": {"name": "math"},
-        "holdout": {"n": n, "seed": seed},
-    }
-    (root / "datasets" / "toy.yaml").write_text(yaml.safe_dump(spec))
-    bench = {
-        "name": "toy_val",
-        "version": 1,
-        "holdout_of": "toy",
-        "prompt_template": BOXED,
-        "grader": {"name": "math"},
-        "sampling": {"n": 4, "temperature": 0.6, "top_p": 0.95, "max_tokens": 512},
-        "metrics": ["avg@4"],
-    }
-    (root / "benchmarks" / "toy_val.yaml").write_text(yaml.safe_dump(bench))
-    if rows is not None:
-        (root / "data" / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root
-
-
-def _toy_rows() -> list[dict]:
-    """20 problems; problem 5 appears three times (as Polaris, published without de-duplication)."""
-    rows = [{"uid": f"u{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(20)]
-    rows += [{"uid": f"u5-again-{k}", "problem": "What is 5 + 5?", "answer": "10"} for k in range(2)]
-    return rows
-
-
-@pytest.fixture
-def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = _write_specs(tmp_path, rows=_toy_rows())
-    monkeypatch.setenv("AGGBENCH_DATASET_DIR", str(root / "datasets"))
-    monkeypatch.setenv("AGGBENCH_BENCHMARK_DIR", str(root / "benchmarks"))
-    monkeypatch.setenv("AGGBENCH_DATA_DIR", str(root / "data"))
-    return root
 
 
 def test_the_holdout_leaves_training_and_is_exactly_the_selection_benchmark(toy: Path) -> None:
     spec = load_training_spec("toy")
-    rows = _toy_rows()
+    rows = toy_rows()
     train = load_training_dataset(spec)
     held, source = load_holdout(spec)
     held_texts = {r["prompt"] for r in held}
@@ -96,11 +50,11 @@ def test_the_holdout_leaves_training_and_is_exactly_the_selection_benchmark(toy:
 
 def test_a_repeated_problem_is_held_out_with_all_its_rows(tmp_path: Path, monkeypatch) -> None:
     # find a seed whose holdout contains the repeated problem, then check none of its 3 rows trains
-    root = _write_specs(tmp_path, rows=_toy_rows())
+    root = write_specs(tmp_path, rows=toy_rows())
     monkeypatch.setenv("AGGBENCH_DATA_DIR", str(root / "data"))
     repeated = "What is 5 + 5?"
     for seed in range(50):
-        _write_specs(root, seed=seed)
+        write_specs(root, seed=seed)
         spec = load_training_spec(root / "datasets" / "toy.yaml")
         held, _ = load_holdout(spec)
         if repeated in {r["prompt"] for r in held}:
@@ -116,7 +70,7 @@ def test_a_repeated_problem_is_held_out_with_all_its_rows(tmp_path: Path, monkey
 def test_the_split_depends_on_the_problems_and_the_seed_not_on_the_row_order(toy: Path) -> None:
     spec = load_training_spec("toy")
     first = [r["prompt"] for r in load_holdout(spec)[0]]
-    shuffled = _toy_rows()
+    shuffled = toy_rows()
     random.Random(1).shuffle(shuffled)
     (toy / "data" / "toy.jsonl").write_text("".join(json.dumps(r) + "\n" for r in shuffled))
     assert [r["prompt"] for r in load_holdout(spec)[0]] == first
@@ -157,7 +111,7 @@ def test_a_fetched_holdout_is_refused_once_the_training_spec_changes_its_holdout
     assert lock["toy_val"]["records"] == 3 and lock["toy_val"]["source"].startswith("holdout of toy")
     rows, _ = read_fetched(load_benchmark_spec("toy_val"), root)
     assert [r["prompt"] for r in rows] == [r["prompt"] for r in load_benchmark("toy_val")]
-    _write_specs(toy, seed=7)  # another split: the copy no longer holds the held-out problems
+    write_specs(toy, seed=7)  # another split: the copy no longer holds the held-out problems
     with pytest.raises(FetchedDataError, match="toy_val"):
         read_fetched(load_benchmark_spec("toy_val"), root)
 
@@ -249,15 +203,6 @@ def test_prepare_data_writes_the_training_rows_without_the_holdout(toy: Path, tm
     assert not any(r["prompt"] in held for r in written)  # the toy spec's template is {prompt}
 
 
-def _toy_grid(toy: Path, tmp_path: Path) -> dict:
-    from aggbench import grid
-
-    exp = grid.load_experiment(grid.REPO_ROOT / "configs" / "smoke.yaml")
-    exp["results_dir"] = str(tmp_path / "results")
-    exp["datasets"] = {"toy": {"spec": "toy"}}
-    return exp
-
-
 def test_a_training_file_prepared_from_other_spec_data_stops_the_grid(toy: Path, tmp_path: Path) -> None:
     """An existing results directory whose training file was prepared before the spec held problems
     out (or with another holdout, or other data fields) would train on the selection split, and
@@ -270,11 +215,11 @@ def test_a_training_file_prepared_from_other_spec_data_stops_the_grid(toy: Path,
     from aggbench.data.holdout import holdout_record_file
     from aggbench.layout import data_file
 
-    exp = _toy_grid(toy, tmp_path)
+    exp = toy_grid(toy, tmp_path)
     grid.validate_experiment(exp)  # nothing prepared yet: nothing to compare
     prepared = data_file(exp["results_dir"], "toy")
     prepared.parent.mkdir(parents=True)
-    rows = _toy_rows()
+    rows = toy_rows()
     prepared.write_text(
         "".join(json.dumps({"prompt": r["problem"], "answer": r["answer"]}) + "\n" for r in rows)
     )
@@ -288,10 +233,10 @@ def test_a_training_file_prepared_from_other_spec_data_stops_the_grid(toy: Path,
     assert res.exit_code == 0, res.output
     assert json.loads(holdout_record_file(prepared).read_text())["holdout"] == {"n": 3, "seed": 0}
     grid.validate_experiment(exp)  # prepared from this spec: accepted
-    _write_specs(toy, seed=1)  # another holdout
+    write_specs(toy, seed=1)  # another holdout
     with pytest.raises(grid.GridError, match=r"holdout \{'n': 3, 'seed': 0\}"):
         grid.validate_experiment(exp)
-    _write_specs(toy)
+    write_specs(toy)
     grid.validate_experiment(exp)
     spec = yaml.safe_load((toy / "datasets" / "toy.yaml").read_text())
     (toy / "datasets" / "toy.yaml").write_text(yaml.safe_dump({**spec, "dedupe": True}))  # other data
@@ -302,7 +247,7 @@ def test_a_training_file_prepared_from_other_spec_data_stops_the_grid(toy: Path,
 def test_problems_that_differ_only_in_spacing_or_unicode_form_are_one_problem(toy: Path) -> None:
     """Polaris is published with repeats (dedupe: false); a repeat that differs in whitespace or in
     Unicode form is the same problem, and leaves training with it."""
-    rows = _toy_rows()
+    rows = toy_rows()
     variants = [
         "  What is 7 + 7? ",
         "What is 7  +\n7?",
@@ -310,7 +255,7 @@ def test_problems_that_differ_only_in_spacing_or_unicode_form_are_one_problem(to
     ]  # spaces, newline, fullwidth +
     rows += [{"uid": f"v{i}", "problem": text, "answer": "14"} for i, text in enumerate(variants)]
     for seed in range(100):
-        _write_specs(toy, seed=seed, rows=rows)
+        write_specs(toy, seed=seed, rows=rows)
         held, _ = load_holdout(load_training_spec("toy"))
         if "What is 7 + 7?" in {r["prompt"] for r in held}:
             break
@@ -328,7 +273,7 @@ def test_a_same_named_copy_of_the_spec_with_other_data_cannot_select_on_the_hold
     problems: the config check compares the specs' data, not their names."""
     from aggbench import grid
 
-    exp = _toy_grid(toy, tmp_path)
+    exp = toy_grid(toy, tmp_path)
     exp["benchmarks"] = ["tiny_test", "toy_val"]
     exp["evaluation"]["selection"] = {"tiny_test": "toy_val"}
     grid.validate_experiment(exp)
@@ -350,7 +295,7 @@ def test_a_holdout_is_paired_only_with_the_datasets_trained_on_exactly_its_set(t
     spec = yaml.safe_load((toy / "datasets" / "toy.yaml").read_text())
     (tmp_path / "renamed.yaml").write_text(yaml.safe_dump({**spec, "name": "renamed"}))
     (tmp_path / "reseeded.yaml").write_text(yaml.safe_dump({**spec, "holdout": {"n": 3, "seed": 9}}))
-    exp = _toy_grid(toy, tmp_path)
+    exp = toy_grid(toy, tmp_path)
     exp["benchmarks"] = ["tiny_test", "toy_val"]
     exp["datasets"] = {
         "toy": {"spec": "toy"},
@@ -396,7 +341,7 @@ def test_a_holdout_is_paired_only_with_the_datasets_trained_on_exactly_its_set(t
 def test_a_holdout_benchmark_of_a_set_without_holdout_or_of_no_set_is_refused(toy, tmp_path) -> None:
     from aggbench import grid
 
-    exp = _toy_grid(toy, tmp_path)
+    exp = toy_grid(toy, tmp_path)
     bench = yaml.safe_load((toy / "benchmarks" / "toy_val.yaml").read_text())
     for of, message in (("tiny", "benchmarks: bad_val is holdout_of 'tiny', which holds nothing out"),
                         ("nosuch", "benchmarks: bad_val is holdout_of 'nosuch': unknown training dataset")):  # fmt: skip
@@ -414,205 +359,13 @@ def test_a_stale_fetched_copy_stops_the_grid_before_any_job(toy: Path, tmp_path:
     from aggbench import grid
     from aggbench.layout import benchmark_data_dir
 
-    exp = _toy_grid(toy, tmp_path)
+    exp = toy_grid(toy, tmp_path)
     exp["benchmarks"] = ["tiny_test", "toy_val"]
     fetch_benchmarks(["toy_val"], benchmark_data_dir(exp["results_dir"]), echo=lambda _: None)
     grid.validate_experiment(exp)
-    _write_specs(toy, seed=5)
+    write_specs(toy, seed=5)
     with pytest.raises(
         grid.GridError, match=r"holdout_of toy: that training set's data or holdout changed"
     ) as err:
         grid.validate_experiment(exp)
     assert "--refetch toy_val" in str(err.value)
-
-
-def test_a_training_file_and_holdout_fetch_that_read_other_rows_are_refused(
-    toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The holdout benchmark's fetch and prepare-data read the training set's rows separately: with
-    another data directory for one (or a newer offline file), the held-out problems differ and the
-    selection split's problems can be in training, while both spec hashes agree. Each records a
-    digest of its held-out problems; whichever job runs second refuses (prepare-data writes no file,
-    the fetch locks nothing), the config check refuses a pair that differs, and following the fix
-    the messages give clears it. A lock or record without a digest (written before) is not compared."""
-    from click.testing import CliRunner
-
-    from aggbench import grid
-    from aggbench.cli import main
-    from aggbench.data.fetch import lock_file, read_lock
-    from aggbench.data.holdout import held_digest, holdout_record_file
-    from aggbench.layout import benchmark_data_dir, data_file
-
-    exp = _toy_grid(toy, tmp_path)
-    exp["benchmarks"] = ["tiny_test", "toy_val"]
-    config = tmp_path / "grid.yaml"
-    config.write_text(yaml.safe_dump(exp))
-    fetched, prepared = benchmark_data_dir(exp["results_dir"]), data_file(exp["results_dir"], "toy")
-    held = load_holdout(load_training_spec("toy"))[0]
-    texts = {r["prompt"] for r in held}
-    other = tmp_path / "other-data"  # a newer offline file elsewhere, without those problems
-    other.mkdir()
-    (other / "toy.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in _toy_rows() if r["problem"] not in texts)
-    )
-
-    def prepare(data_dir: Path):
-        monkeypatch.setenv("AGGBENCH_DATA_DIR", str(data_dir))
-        return CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(prepared)])
-
-    # the fetch first, then prepare-data on other rows: refused, nothing written
-    fetch_benchmarks(["toy_val"], fetched, echo=lambda _: None)
-    entry = read_lock(fetched)["toy_val"]
-    assert (entry["holdout_of"], entry["held_digest"]) == ("toy", held_digest(held))
-    res = prepare(other)
-    assert res.exit_code != 0 and "left out other problems of toy" in res.output, res.output
-    assert "--refetch toy_val" in res.output and not prepared.exists()
-    # prepare-data first, then the fetch on other rows: refused, the benchmark not locked
-    lock_file(fetched).unlink()
-    assert prepare(other).exit_code == 0
-    monkeypatch.setenv("AGGBENCH_DATA_DIR", str(toy / "data"))
-    with pytest.raises(SpecError, match=r"left out other problems of toy .* than benchmark toy_val holds"):
-        fetch_benchmarks(["toy_val"], fetched, echo=lambda _: None)
-    assert "toy_val" not in read_lock(fetched)
-    # a pair that differs anyway (a file prepared elsewhere and copied in): the config check, which
-    # the Snakefile and `aggbench report` (through load_experiment) run, refuses it
-    record = json.loads(holdout_record_file(prepared).read_text())
-    prepared.unlink()
-    fetch_benchmarks(["toy_val"], fetched, echo=lambda _: None)
-    assert prepare(toy / "data").exit_code == 0
-    holdout_record_file(prepared).write_text(json.dumps(record))
-    with pytest.raises(grid.GridError, match=r"datasets.toy: .*left out other problems") as err:
-        grid.validate_experiment(exp)
-    assert f"holds (digest {held_digest(held)}" in str(err.value) and "--refetch toy_val" in str(err.value)
-    with pytest.raises(grid.GridError, match="left out other problems"):
-        grid.load_experiment(config)
-    # the fix, as the message says: delete the prepared file and refetch (the record may stay)
-    prepared.unlink()
-    fetch_benchmarks(["toy_val"], fetched, refetch=["toy_val"], echo=lambda _: None)
-    grid.validate_experiment(exp)
-    assert prepare(toy / "data").exit_code == 0
-    grid.validate_experiment(exp)
-    assert {json.loads(x)["prompt"] for x in prepared.read_text().splitlines()}.isdisjoint(texts)
-    # written before digests were kept: not compared, and `aggbench grid check` warns that nothing is
-    from aggbench.data.fetch import _write_lock
-    from aggbench.plan.readiness import unchecked_splits
-
-    assert unchecked_splits(exp) == []
-    holdout_record_file(prepared).write_text(json.dumps({**record, "held_digest": None}))
-    grid.validate_experiment(exp)
-    [warning] = unchecked_splits(exp)
-    assert warning.startswith("benchmark toy_val (holdout of toy): written before held-out digests")
-    assert f"{prepared} (delete it" in warning and "--refetch" not in warning
-    lock = read_lock(fetched)
-    del lock["toy_val"]["held_digest"]
-    _write_lock(fetched, lock)
-    assert "--refetch toy_val" in unchecked_splits(exp)[0]
-
-
-def _other_rows_dir(tmp_path: Path) -> Path:
-    """An offline toy.jsonl without the problems the toy spec holds out: another split."""
-    held = {r["prompt"] for r in load_holdout(load_training_spec("toy"))[0]}
-    other = tmp_path / "other-data"
-    other.mkdir()
-    (other / "toy.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in _toy_rows() if r["problem"] not in held)
-    )
-    return other
-
-
-def test_prepare_data_and_the_fetch_running_at_once_cannot_both_pass_another_split(
-    toy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """prepare_data and fetch_benchmarks are independent local jobs, so they can run at once: each
-    writes its record before its last check, so one of them sees the other's. A fetch that locks
-    inside prepare-data's write is seen by prepare-data (its file and record removed, nothing
-    trains); a prepare-data inside the fetch's commit is seen by the fetch (its entry and file
-    removed, nothing evaluates)."""
-    from click.testing import CliRunner
-
-    import aggbench.data.fetch as fetch_mod
-    from aggbench.cli import main
-    from aggbench.data.fetch import read_lock, records_file
-    from aggbench.data.holdout import holdout_record_file
-    from aggbench.layout import benchmark_data_dir, data_file
-
-    results = tmp_path / "results"
-    fetched, prepared = benchmark_data_dir(results), data_file(results, "toy")
-    prepared.parent.mkdir(parents=True)
-    other = _other_rows_dir(tmp_path)
-    default = toy / "data"
-
-    def prepare_on(data_dir: Path):
-        monkeypatch.setenv("AGGBENCH_DATA_DIR", str(data_dir))
-        return CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(prepared)])
-
-    # 1. the fetch (default rows) locks while prepare-data (other rows) writes its file
-    import aggbench.data as data_mod
-
-    real_write = data_mod.write_jsonl
-
-    def write_then_fetch(*args, **kwargs):
-        n = real_write(*args, **kwargs)
-        fetch_benchmarks(["toy_val"], fetched, data_dir=default, echo=lambda _: None)
-        return n
-
-    monkeypatch.setattr(data_mod, "write_jsonl", write_then_fetch)
-    res = prepare_on(other)
-    assert res.exit_code != 0 and "left out other problems of toy" in res.output, res.output
-    assert not prepared.exists() and not holdout_record_file(prepared).exists()
-    assert "toy_val" in read_lock(fetched)  # the fetch ran first to its end: it saw no record
-    monkeypatch.setattr(data_mod, "write_jsonl", real_write)
-
-    # 2. prepare-data (other rows) runs to its end while the fetch (default rows) commits its copy
-    fetch_mod.lock_file(fetched).unlink()
-    real_lock = fetch_mod._lock
-
-    def prepare_then_lock(*args, **kwargs):
-        assert prepare_on(other).exit_code == 0  # no lock entry yet: it passes
-        return real_lock(*args, **kwargs)
-
-    monkeypatch.setattr(fetch_mod, "_lock", prepare_then_lock)
-    with pytest.raises(SpecError, match="left out other problems of toy"):
-        fetch_benchmarks(["toy_val"], fetched, data_dir=default, echo=lambda _: None)
-    assert "toy_val" not in read_lock(fetched) and not records_file(fetched, "toy_val").exists()
-
-
-def test_records_of_another_version_of_the_spec_are_not_compared(
-    toy: Path, tmp_path: Path, monkeypatch
-) -> None:
-    """A lock entry or prepared record written from other spec data (the holdout edited since, a
-    benchmark the grid no longer has) is another split on purpose: the jobs compare only records of
-    the same spec data, so an edited spec is prepared and fetched again without a false refusal."""
-    from click.testing import CliRunner
-
-    from aggbench.cli import main
-    from aggbench.layout import benchmark_data_dir, data_file
-
-    results = tmp_path / "results"
-    fetched, prepared = benchmark_data_dir(results), data_file(results, "toy")
-    prepared.parent.mkdir(parents=True)
-    fetch_benchmarks(["toy_val"], fetched, echo=lambda _: None)
-    _write_specs(toy, n=4)  # the holdout edited: toy_val's lock entry is of the old split
-    res = CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(prepared)])
-    assert res.exit_code == 0, res.output
-    _write_specs(toy, n=3)  # and back: the prepared record (n=4) is of another split than the fetch's
-    fetch_benchmarks(["toy_val"], fetched, refetch=["toy_val"], echo=lambda _: None)
-
-
-def test_a_refused_refetch_keeps_the_copy_it_had(toy: Path, tmp_path: Path, monkeypatch) -> None:
-    from click.testing import CliRunner
-
-    from aggbench.cli import main
-    from aggbench.layout import benchmark_data_dir, data_file
-
-    results = tmp_path / "results"
-    fetched, prepared = benchmark_data_dir(results), data_file(results, "toy")
-    prepared.parent.mkdir(parents=True)
-    fetch_benchmarks(["toy_val"], fetched, echo=lambda _: None)
-    assert CliRunner().invoke(main, ["prepare-data", "toy", "--out", str(prepared)]).exit_code == 0
-    before, _ = read_fetched(load_benchmark_spec("toy_val"), fetched)
-    with pytest.raises(SpecError, match="left out other problems of toy"):
-        fetch_benchmarks(
-            ["toy_val"], fetched, data_dir=_other_rows_dir(tmp_path), refetch=["toy_val"], echo=print
-        )
-    assert read_fetched(load_benchmark_spec("toy_val"), fetched)[0] == before  # checked against its lock
