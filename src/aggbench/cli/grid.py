@@ -139,7 +139,6 @@ def prepare_data_command(spec: str, out: str, limit: int | None, fit_to: str | N
     write_holdout_record(out, s, held)  # what the grid check compares with the spec and the fetch
     if s.holdout is not None:
         _recheck_split(out, s, held)
-    if s.holdout is not None:
         click.echo(
             f"{s.name}: {s.holdout.n} problems held out of training (holdout, seed {s.holdout.seed}): a "
             f"benchmark with holdout_of: {s.name} evaluates them"

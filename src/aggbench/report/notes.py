@@ -1,16 +1,20 @@
 """The footnotes under a block's tables, one list per block: why a cell is missing or unfinished,
 MLflow differing from its run files, the evaluation's counts (prompts that did not fit the context,
-responses the grading harness decided), the grader ledger, an evaluation's own notes, and a cell
-scored on fewer problems than the others, test problems the training set holds. Split from ``aggbench.report.tables``, which lays out
-the tables they sit under.
+responses the grading harness decided), the grader ledger, an evaluation's own notes, a cell or
+the base model scored on other problems than the others, and test problems the training set holds.
+Split from ``aggbench.report.tables``, which lays out the tables they sit under.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from aggbench import metric_names
 from aggbench.report.collect import CellData
+
+if TYPE_CHECKING:
+    from aggbench.data.overlap import Overlap
 
 CONTEXT_NOTES = dict(
     zip(
@@ -97,8 +101,10 @@ def base_problem_notes(
     notes, flag = [], False
     for b in benchmarks:
         n0 = scored.get(b)
+        if n0 is None:
+            continue
         _, most = _problem_counts(groups, b)
-        other = {t: n for t, n in sorted(most.items()) if n0 is not None and n != n0}
+        other = {t: n for t, n in sorted(most.items()) if n != n0}
         if other:
             flag |= b in columns
             every = len(other) == len(most) and len(set(other.values())) == 1
@@ -166,7 +172,7 @@ def cell_notes(
 
 
 def training_overlap_notes(
-    dataset: str, benchmarks: Sequence[str], trained: Mapping[tuple[str, str], int | str]
+    dataset: str, benchmarks: Sequence[str], trained: Mapping[tuple[str, str], Overlap]
 ) -> list[str]:
     """The test problems a block's training set holds too (``trained``: {(dataset, test benchmark):
     problems both hold, or why they were not compared}, ``data.overlap.shared_problems``): every
