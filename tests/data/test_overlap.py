@@ -1,4 +1,4 @@
-"""Verbatim overlap of selection splits and training files with test benchmarks
+"""Verbatim and reworded overlap of selection splits and training files with test benchmarks
 (``data.overlap.shared_problems``), on real rows from ../shared/data: the report notes each
 (selection, test) pair that shares problems under the selected table
 (tests/report/test_selected_table.py covers the note), and each (training set, test) pair under
@@ -25,7 +25,7 @@ def test_a_holdout_drawn_from_aime_problems_is_found_to_hold_aime24s(
     problems are AIME 2024's, in DAPO's schema and instruction) holds 5 out; fetched beside aime24 (from
     ../shared/data's AIME-2024 file) all 5 are found in aime24, none in MATH-500; a benchmark that was
     not fetched is left out rather than counted as sharing none."""
-    from aggbench.data.overlap import shared_problems
+    from aggbench.data.overlap import Shared, shared_problems
 
     shipped = yaml.safe_load(
         (Path(__file__).parents[2] / "configs" / "datasets" / "dapo17k.yaml").read_text()
@@ -53,7 +53,7 @@ def test_a_holdout_drawn_from_aime_problems_is_found_to_hold_aime24s(
     )
     pairs = [("dapoaime_val", "aime24"), ("dapoaime_val", "math500"), ("dapoaime_val", "olympiadbench")]
     got = shared_problems(pairs, fetched)
-    assert got[("dapoaime_val", "aime24")] == 5 and got[("dapoaime_val", "math500")] == 0
+    assert got[("dapoaime_val", "aime24")] == Shared(5) and got[("dapoaime_val", "math500")] == Shared(0)
     assert "olympiadbench: not in the fetched copy" in got[("dapoaime_val", "olympiadbench")]
     # the report's reading of a grid's selections: (selection, test) pairs, per dataset too
     selection = {"aime24": "dapoaime_val", "math500": {"dapoaime": "dapoaime_val"}}
@@ -64,7 +64,7 @@ def test_a_holdout_drawn_from_aime_problems_is_found_to_hold_aime24s(
         "evaluation": {"selection": selection},
     }
     chosen, trained = _overlaps(exp)
-    assert chosen == {("dapoaime_val", "aime24"): 5, ("dapoaime_val", "math500"): 0}
+    assert chosen == {("dapoaime_val", "aime24"): Shared(5), ("dapoaime_val", "math500"): Shared(0)}
     missing = "no prepared file data/dapoaime.jsonl in the results directory"  # relative: same everywhere
     assert trained == {("dapoaime", "aime24"): missing, ("dapoaime", "math500"): missing}
 
@@ -77,7 +77,7 @@ def test_date_windowed_splits_of_one_fetched_file_are_compared_within_their_wind
     disjoint windows share no problem although their files are the same, and a window inside another
     shares all of its own."""
     from aggbench.data.fetch import records_file
-    from aggbench.data.overlap import shared_problems
+    from aggbench.data.overlap import Shared, shared_problems
 
     shipped = yaml.safe_load(
         (Path(__file__).parents[2] / "configs" / "benchmarks" / "livecodebench.yaml").read_text()
@@ -96,7 +96,9 @@ def test_date_windowed_splits_of_one_fetched_file_are_compared_within_their_wind
     assert files["lcb_early"] == files["lcb_late"] == files["lcb_all"]
     early = len(load_benchmark("lcb_early", fetched=fetched))
     got = shared_problems([("lcb_early", "lcb_late"), ("lcb_early", "lcb_all")], fetched)
-    assert got == {("lcb_early", "lcb_late"): 0, ("lcb_early", "lcb_all"): early} and early > 0
+    assert (
+        got == {("lcb_early", "lcb_late"): Shared(0), ("lcb_early", "lcb_all"): Shared(early)} and early > 0
+    )
 
 
 def test_a_prepared_training_file_is_compared_with_the_tests_on_its_bare_problems(
@@ -106,14 +108,14 @@ def test_a_prepared_training_file_is_compared_with_the_tests_on_its_bare_problem
     every problem in DAPO's instruction, which is taken off again. Of the other 25 problems, 24 are
     aime24's verbatim and the 25th is too, reworded: DAPO's copy of the torus problem ("Torus
     $\\mathcal T$ is the surface ... When a sphere of radius $11$ rests inside") is not aime24's text
-    ("Torus $T$ ... (so like a donut)"), which a verbatim match cannot find. None is MATH-500's. A file
+    ("Torus $T$ ... (so like a donut)"); the reworded count finds it. None is MATH-500's. A file
     prepared under another template is a reason, not a count."""
     from click.testing import CliRunner
 
     from aggbench.cli import main
     from aggbench.cli.report import _overlaps
     from aggbench.data import load_training_spec
-    from aggbench.data.overlap import TrainingFile, shared_problems
+    from aggbench.data.overlap import Shared, TrainingFile, shared_problems
     from aggbench.layout import benchmark_data_dir, data_file
 
     shipped = yaml.safe_load(
@@ -139,7 +141,7 @@ def test_a_prepared_training_file_is_compared_with_the_tests_on_its_bare_problem
         "evaluation": {},
     }
     _, got = _overlaps(exp)
-    assert got[("dapoaime", "aime24")] == 24 and got[("dapoaime", "math500")] == 0
+    assert got[("dapoaime", "aime24")] == Shared(24, 1) and got[("dapoaime", "math500")] == Shared(0)
     assert got[("unprepared", "aime24")] == "no prepared file data/unprepared.jsonl in the results directory"
     # a file prepared under another template, a row without a text prompt: reasons naming the line
     other = TrainingFile(
@@ -163,3 +165,120 @@ def test_a_prepared_training_file_is_compared_with_the_tests_on_its_bare_problem
             shared_problems([(side, "aime24")], fetched)[side, "aime24"]
             == f"{broken}:2: field 'prompt': {what}"
         )
+
+
+MATH = ["aime24", "aime25", "math500", "olympiadbench", "minerva"]
+
+
+@pytest.fixture(scope="module")
+def fetched_math(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    fetched = tmp_path_factory.mktemp("overlap") / "fetched"
+    fetch_benchmarks(MATH, fetched, data_dir=shared_data, echo=lambda _: None)
+    return fetched
+
+
+def test_the_normalisation_and_spans_are_lm_evals_decontamination_ones(fetched_math: Path) -> None:
+    """data.overlap writes out lm-eval's decontamination normalisation (its Janitor prints a
+    traceback on import): on every real math problem the words and 8-word spans are the Janitor's
+    (``normalize_string`` then ``word_ngrams``), whitespace aside."""
+    import contextlib
+    import io
+
+    from aggbench.data.overlap import NEAR_WORDS, normalise, spans
+
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        from lm_eval.decontamination.janitor import Janitor, word_ngrams
+    janitor = Janitor()
+    texts = [r["prompt"] for name in MATH for r in load_benchmark(name, fetched=fetched_math)]
+    assert len(texts) > 1500
+    for text in texts:
+        theirs = janitor.normalize_string(text)
+        assert normalise(text).split() == theirs.split()
+        assert spans(normalise(text)) == set(word_ngrams(theirs, NEAR_WORDS))
+
+
+def test_reworded_copies_are_found_between_real_benchmarks_and_stock_phrases_are_not(
+    fetched_math: Path,
+) -> None:
+    """Of every ordered pair of the real math benchmarks, only MATH-500 and OlympiadBench share a
+    problem: the two-dice product problem, reworded (similarity 0.59 over their own words, at least
+    NEAR_RATIO). aime24 and aime25 share a 13-word span (AIME's "... relatively prime positive
+    integers. Find $m+n$", the stock phrase lm-eval's 13-gram rule alone would flag) and no problem."""
+    import difflib
+
+    from aggbench.data.overlap import NEAR_RATIO, Shared, _Problems, normalise, shared_problems, spans
+
+    got = shared_problems([(a, b) for a in MATH for b in MATH if a != b], fetched_math)
+    dice = {("math500", "olympiadbench"), ("olympiadbench", "math500")}
+    assert {pair: n for pair, n in got.items() if n} == {pair: Shared(0, 1) for pair in dice}
+    aime = [
+        set().union(*(spans(normalise(r["prompt"]), 13) for r in load_benchmark(n, fetched=fetched_math)))
+        for n in ("aime24", "aime25")
+    ]
+    assert "as fracmn where m and n are relatively prime positive integers find mn" in aime[0] & aime[1]
+    own = {
+        n: _Problems.of((r["prompt"] for r in load_benchmark(n, fetched=fetched_math)), benchmark=True).own
+        for n in ("math500", "olympiadbench")
+    }
+    [a] = [t for t in own["math500"].values() if "6sided dice are thrown" in t]
+    [b] = [
+        t
+        for t in own["olympiadbench"].values()
+        if "product of the two numbers on the top faces is divisible by 5" in t
+    ]
+    ratio = difflib.SequenceMatcher(None, a.split(), b.split(), autojunk=False).ratio()
+    assert ratio >= NEAR_RATIO and round(ratio, 2) == 0.59
+
+
+def test_a_wrapper_every_problem_carries_is_not_evidence_of_a_rewording() -> None:
+    """Inside one long instruction (as LiveCodeBench's prompts are) a different problem that starts
+    like a test problem shares most of its words with it, enough for the similarity threshold;
+    without the words the benchmark's problems share (the wrapper), it is not a rewording, while the
+    same problem with three words changed is. A problem with fewer than NEAR_MIN_WORDS own words is
+    compared verbatim only: the built-in task's validation and test puzzles, which differ in a map,
+    a start or a count, are not rewordings of each other."""
+    import difflib
+
+    from aggbench.data.overlap import NEAR_MIN_WORDS, NEAR_RATIO, Shared, _Problems, _reworded, normalise
+
+    wrap = (
+        "You will be given a question and will write a correct program that reads standard input. {} "
+        "Enclose your code within delimiters as follows and do not test it on the sample inputs."
+    )
+    tree = (
+        "Given a tree with N vertices and a positive integer K, count the unordered pairs of distinct "
+        "vertices whose distance in the tree is exactly K, and print that count on one line."
+    )
+    problems = [
+        tree,
+        "Given an integer array of length N, find the longest strictly increasing contiguous run in it "
+        "and print its length, or print zero when the array is empty or holds one element only.",
+        "Given a string S of lowercase English letters, print the number of distinct palindromic "
+        "substrings of S, counting each distinct substring once however often it occurs in S.",
+    ]
+    test = {"t": _Problems.of([wrap.format(p) for p in problems], benchmark=True)}
+    assert min(len(own.split()) for own in test["t"].own.values()) >= NEAR_MIN_WORDS
+    other = (
+        "Given a tree with N vertices and a root, repeatedly remove every leaf until one vertex or two "
+        "adjacent vertices are left, and print how many rounds of removal that took."
+    )
+    reworded = tree.replace("vertices", "nodes").replace("one line", "a line")
+    whole = difflib.SequenceMatcher(None, *(normalise(wrap.format(p)).split() for p in (tree, other)))
+    assert whole.ratio() >= NEAR_RATIO  # the wrapper alone would make them one problem
+    side = [wrap.format(p) for p in (other, "Given a graph print whether it is bipartite.")]
+    assert _reworded(_Problems.of(side, benchmark=True), test) == {"t": 0}
+    side.append(wrap.format(reworded))
+    assert _reworded(_Problems.of(side, benchmark=True), test) == {"t": 1}
+    # the built-in task: 13-word puzzles, some with the same map and another start, one word apart
+    val, tiny = ([r["prompt"] for r in load_benchmark(n)] for n in ("tiny_val", "tiny_test"))
+    alike = [
+        (a, b)
+        for a in val
+        for b in tiny
+        if difflib.SequenceMatcher(None, normalise(a).split(), normalise(b).split()).ratio() >= 0.9
+    ]
+    assert alike and max(len(t.split()) for t in val + tiny) < NEAR_MIN_WORDS
+    only_verbatim = {"t": _Problems.of(tiny, benchmark=True)}
+    assert _reworded(_Problems.of(val, benchmark=True), only_verbatim) == {"t": 0}
+    assert Shared(0, 1).describe("t").startswith("1 of t's problems reworded (")
+    assert Shared(2, 1).describe("t").startswith("2 of t's problems verbatim and 1 more reworded (")

@@ -220,7 +220,8 @@ def test_a_base_model_scored_on_other_problems_than_the_cells_flags_the_base_row
 def test_test_problems_the_prepared_training_file_holds_are_noted_under_every_table(grid):
     """Every cell of a block trained on its dataset's prepared file: `aggbench report` counts the
     test problems that file holds (data.overlap, its instruction template taken off) and notes them
-    under the block's tables, peak and last; a benchmark it cannot read says why, once."""
+    under the block's tables, peak and last; a benchmark it cannot read says why, once, naming the
+    fetched copy relative to the results directory."""
     from aggbench.data import load_benchmark
     from aggbench.layout import data_file
 
@@ -236,8 +237,10 @@ def test_test_problems_the_prepared_training_file_holds_are_noted_under_every_ta
     peak = (tmp_path / "tables" / "peak.md").read_text()
     assert peak.count(note) == peak.count("## tiny / tiny") >= 2  # per benchmark and best average
     [unread] = [line for line in md.splitlines() if "not compared with" in line]
-    assert unread.startswith(
-        "- training set tiny not compared with math500 for shared problems: math500: "
+    # the fetched copy named relative to the results directory: the tables read the same everywhere
+    assert unread == (
+        "- training set tiny not compared with math500 for shared problems: math500: not in the "
+        "fetched copy data/benchmarks"
     ), unread
 
 

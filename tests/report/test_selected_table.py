@@ -158,13 +158,20 @@ def test_test_problems_a_selection_split_holds_are_noted_under_the_selected_tabl
     """data.overlap.shared_problems' counts (the report reads them from the fetched copy) are a note
     under the selected table only, naming both benchmarks; a pair it could not compare says why;
     a pair sharing none says nothing."""
+    from aggbench.data.overlap import Shared
+
     col = _collected({"tiny_test": "tiny_val"})
-    md = to_markdown(build_tables(col, overlaps={("tiny_val", "tiny_test"): 3})["selected"], "x")
-    assert "tiny_val holds 3 of tiny_test's problems verbatim" in md
+    md = to_markdown(build_tables(col, overlaps={("tiny_val", "tiny_test"): Shared(3)})["selected"], "x")
+    assert "tiny_val holds 3 of tiny_test's problems verbatim (verbatim: " in md
+    assert "reworded" in md.split("tiny_val holds 3")[1]  # the note says what both words mean
+    near = to_markdown(build_tables(col, overlaps={("tiny_val", "tiny_test"): Shared(0, 2)})["selected"], "x")
+    assert "tiny_val holds 2 of tiny_test's problems reworded (" in near and "has seen them scored" in near
     unread = build_tables(col, overlaps={("tiny_val", "tiny_test"): "tiny_val: not in the fetched copy X"})
     assert (
         "tiny_val not compared with tiny_test for shared problems: tiny_val: not in the fetched copy X"
         in (to_markdown(unread["selected"], "x"))
     )
-    plain = build_tables(col, overlaps={("tiny_val", "other"): 2, ("tiny_val", "tiny_test"): 0})
+    plain = build_tables(
+        col, overlaps={("tiny_val", "other"): Shared(2), ("tiny_val", "tiny_test"): Shared(0)}
+    )
     assert "verbatim" not in to_markdown(plain["selected"], "x") + to_markdown(plain["last"], "x")

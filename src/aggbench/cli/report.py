@@ -16,6 +16,7 @@ Snakemake `report` rule's declared outputs.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,6 +65,11 @@ def _overlaps(exp: dict) -> tuple[dict[tuple[str, str], Overlap], dict[tuple[str
             }
     pairs = [(side, t) for side in sides for t in tests]
     found = shared_problems([*chosen, *pairs], layout.benchmark_data_dir(root)) if chosen or pairs else {}
+    # a reason names the file to fix; relative to the results directory, tables read the same everywhere
+    prefixes = [f"{p}{os.sep}" for p in dict.fromkeys((str(root), str(root.resolve())))]
+    for pair, why in found.items():
+        for prefix in prefixes if isinstance(why, str) else ():
+            found[pair] = why = why.replace(prefix, "")
     trained |= {(side.dataset, t): found[side, t] for side, t in pairs}
     return {pair: found[pair] for pair in chosen}, trained
 

@@ -185,8 +185,7 @@ def training_overlap_notes(
             reasons.setdefault(got, []).append(b)
         elif got:
             out.append(
-                f"training set {dataset} holds {got} of {b}'s problems verbatim (same text up to Unicode "
-                "form and spacing): every cell of this table trained on them"
+                f"training set {dataset} holds {got.describe(b)}: every cell of this table trained on them"
             )
     out += [
         f"training set {dataset} not compared with {', '.join(bs)} for shared problems: {why}"

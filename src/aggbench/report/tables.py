@@ -312,8 +312,7 @@ def _selected_about(
             out.append(f"{sel} not compared with {test} for shared problems: {shared}")
         elif shared:
             out.append(
-                f"{sel} holds {shared} of {test}'s problems verbatim (same text up to Unicode form and "
-                f"spacing): the checkpoint chosen for {test} has seen them scored"
+                f"{sel} holds {shared.describe(test)}: the checkpoint chosen for {test} has seen them scored"
             )
     missing = [b for b in benches if b not in chosen_on]
     if missing:
