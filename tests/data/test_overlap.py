@@ -177,19 +177,24 @@ def fetched_math(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return fetched
 
 
+def _prompts(name: str, fetched: Path) -> list[str]:
+    return [r["prompt"] for r in load_benchmark(name, fetched=fetched)]
+
+
 def test_the_normalisation_and_spans_are_lm_evals_decontamination_ones(fetched_math: Path) -> None:
-    """data.overlap writes out lm-eval's decontamination normalisation (its Janitor prints a
-    traceback on import): on every real math problem the words and 8-word spans are the Janitor's
+    """data.near writes out lm-eval's decontamination normalisation (its Janitor prints a traceback
+    on import): on every real math problem the words and 8-word spans are the Janitor's
     (``normalize_string`` then ``word_ngrams``), whitespace aside."""
     import contextlib
     import io
 
-    from aggbench.data.overlap import NEAR_WORDS, normalise, spans
+    pytest.importorskip("lm_eval")
+    from aggbench.data.near import NEAR_WORDS, normalise, spans
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         from lm_eval.decontamination.janitor import Janitor, word_ngrams
     janitor = Janitor()
-    texts = [r["prompt"] for name in MATH for r in load_benchmark(name, fetched=fetched_math)]
+    texts = [t for name in MATH for t in _prompts(name, fetched_math)]
     assert len(texts) > 1500
     for text in texts:
         theirs = janitor.normalize_string(text)
@@ -197,49 +202,86 @@ def test_the_normalisation_and_spans_are_lm_evals_decontamination_ones(fetched_m
         assert spans(normalise(text)) == set(word_ngrams(theirs, NEAR_WORDS))
 
 
-def test_reworded_copies_are_found_between_real_benchmarks_and_stock_phrases_are_not(
-    fetched_math: Path,
-) -> None:
-    """Of every ordered pair of the real math benchmarks, only MATH-500 and OlympiadBench share a
-    problem: the two-dice product problem, reworded (similarity 0.59 over their own words, at least
-    NEAR_RATIO). aime24 and aime25 share a 13-word span (AIME's "... relatively prime positive
-    integers. Find $m+n$", the stock phrase lm-eval's 13-gram rule alone would flag) and no problem."""
+def _ratio(test: str, other: str, bench: list[str]) -> float:
+    """The documented similarity: difflib over the words, the test benchmark's common spans out."""
     import difflib
 
-    from aggbench.data.overlap import NEAR_RATIO, Shared, _Problems, normalise, shared_problems, spans
+    from aggbench.data.near import Problems, _without, normalise
+
+    common = Problems.of(bench, benchmark=True).common
+    a, b = (_without(normalise(t), common).split() for t in (test, other))
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+def test_near_copies_between_real_benchmarks_and_stock_phrases_that_are_not(
+    shared_data: Path, fetched_math: Path
+) -> None:
+    """Of every ordered pair of the real math benchmarks, only MATH-500 and OlympiadBench share a
+    problem: the two-dice product problem, reworded (0.59, at least NEAR_RATIO; DAPO's torus
+    rewording of aime24's scores 0.63). aime24 and aime25 share a 13-word span (AIME's "...
+    relatively prime positive integers. Find $m+n$", which lm-eval's 13-gram rule alone would flag)
+    and no problem. aime24 with every number raised by one (other problems, other answers) is
+    found as near copies of 25 of its 30 problems: the note's "or with other numbers"."""
+    import re
+
+    from aggbench.data.near import NEAR_RATIO, Problems, near_copies, normalise, spans
+    from aggbench.data.overlap import Shared, shared_problems
 
     got = shared_problems([(a, b) for a in MATH for b in MATH if a != b], fetched_math)
     dice = {("math500", "olympiadbench"), ("olympiadbench", "math500")}
     assert {pair: n for pair, n in got.items() if n} == {pair: Shared(0, 1) for pair in dice}
+    assert "dice" in got["olympiadbench", "math500"].examples[0]
     aime = [
-        set().union(*(spans(normalise(r["prompt"]), 13) for r in load_benchmark(n, fetched=fetched_math)))
+        set().union(*(spans(normalise(t), 13) for t in _prompts(n, fetched_math)))
         for n in ("aime24", "aime25")
     ]
     assert "as fracmn where m and n are relatively prime positive integers find mn" in aime[0] & aime[1]
-    own = {
-        n: _Problems.of((r["prompt"] for r in load_benchmark(n, fetched=fetched_math)), benchmark=True).own
-        for n in ("math500", "olympiadbench")
-    }
-    [a] = [t for t in own["math500"].values() if "6sided dice are thrown" in t]
-    [b] = [
-        t
-        for t in own["olympiadbench"].values()
-        if "product of the two numbers on the top faces is divisible by 5" in t
-    ]
-    ratio = difflib.SequenceMatcher(None, a.split(), b.split(), autojunk=False).ratio()
-    assert ratio >= NEAR_RATIO and round(ratio, 2) == 0.59
+    math500, olympiad, aime24 = (_prompts(n, fetched_math) for n in ("math500", "olympiadbench", "aime24"))
+    [a] = [t for t in math500 if "6-sided dice are thrown" in t]
+    [b] = [t for t in olympiad if "product of the two numbers on the top faces is divisible by 5" in t]
+    assert round(_ratio(a, b, math500), 2) == 0.59 >= NEAR_RATIO
+    dapo = [json.loads(line)["prompt"][0]["content"] for line in (shared_data / DAPO_EVAL).open()]
+    [torus] = [t for t in aime24 if t.startswith("Torus $T$")]
+    [theirs] = {t.split("\n\n")[1] for t in dapo if "Torus $\\mathcal T$" in t}
+    assert round(_ratio(torus, theirs, aime24), 2) == 0.63
+    shifted = [re.sub(r"\d+", lambda m: str(int(m.group()) + 1), t) for t in aime24]
+    test = {"aime24": Problems.of(aime24, benchmark=True)}
+    assert len(near_copies(Problems.of(shifted, benchmark=False), test)["aime24"]) == 25
 
 
-def test_a_wrapper_every_problem_carries_is_not_evidence_of_a_rewording() -> None:
-    """Inside one long instruction (as LiveCodeBench's prompts are) a different problem that starts
-    like a test problem shares most of its words with it, enough for the similarity threshold;
-    without the words the benchmark's problems share (the wrapper), it is not a rewording, while the
-    same problem with three words changed is. A problem with fewer than NEAR_MIN_WORDS own words is
-    compared verbatim only: the built-in task's validation and test puzzles, which differ in a map,
-    a start or a count, are not rewordings of each other."""
+def test_formatting_copies_of_short_problems_and_duplicates_inside_a_side_are_found(
+    fetched_math: Path,
+) -> None:
+    """A copy that differs in punctuation or maths delimiters only has the test problem's words:
+    a near copy at any length (199 of MATH-500's problems are too short for the similarity). Two
+    copies of one problem inside a side (or the test) do not hide it as a stock phrase would be."""
+    from aggbench.data.near import NEAR_MIN_WORDS, Problems, near_copies
+
+    math500, aime24 = (_prompts(n, fetched_math) for n in ("math500", "aime24"))
+    short = [t for t in math500 if len(t.split()) < NEAR_MIN_WORDS and "$" in t][:3]
+    assert len(short) == 3
+    delimited = [t.replace("$", "\\(", 1).replace("$", "\\)", 1) for t in short]
+    test = {"math500": Problems.of(math500, benchmark=True)}
+    for copy in (delimited, [t + " !" for t in short]):
+        assert len(near_copies(Problems.of(copy, benchmark=False), test)["math500"]) == 3
+    [torus] = [t for t in aime24 if t.startswith("Torus $T$")]
+    reworded = torus.replace("Torus $T$", "A torus $\\mathcal T$").replace("so like a donut", "a doughnut")
+    twice = [reworded, reworded + ".", *aime24[:3]]  # a selection split holding it twice
+    found = near_copies(Problems.of(twice, benchmark=True), {"aime24": Problems.of(aime24, benchmark=True)})
+    assert [Problems.of(aime24, benchmark=True).raw[k] for k in found["aime24"]] == [torus]
+
+
+def test_a_wrapper_every_problem_carries_is_not_evidence_of_a_near_copy() -> None:
+    """Inside one long instruction (an AtCoder-style block, a prompt template) a different problem
+    that starts like a test problem shares most of its words with it, enough for the similarity
+    threshold; without the spans the benchmark's problems share, it is not a near copy, while the
+    same problem with three words changed is. A problem with fewer than NEAR_MIN_WORDS words left
+    is matched by its words only: the built-in task's validation and test puzzles, which differ in
+    a map, a start or a count, are not near copies of each other."""
     import difflib
 
-    from aggbench.data.overlap import NEAR_MIN_WORDS, NEAR_RATIO, Shared, _Problems, _reworded, normalise
+    from aggbench.data.near import NEAR_MIN_WORDS, NEAR_RATIO, Problems, near_copies, normalise
+    from aggbench.data.overlap import Shared
 
     wrap = (
         "You will be given a question and will write a correct program that reads standard input. {} "
@@ -256,19 +298,20 @@ def test_a_wrapper_every_problem_carries_is_not_evidence_of_a_rewording() -> Non
         "Given a string S of lowercase English letters, print the number of distinct palindromic "
         "substrings of S, counting each distinct substring once however often it occurs in S.",
     ]
-    test = {"t": _Problems.of([wrap.format(p) for p in problems], benchmark=True)}
+    test = {"t": Problems.of([wrap.format(p) for p in problems], benchmark=True)}
     assert min(len(own.split()) for own in test["t"].own.values()) >= NEAR_MIN_WORDS
     other = (
-        "Given a tree with N vertices and a root, repeatedly remove every leaf until one vertex or two "
+        "Given a tree with N vertices and a positive integer K, remove every leaf until one vertex or two "
         "adjacent vertices are left, and print how many rounds of removal that took."
     )
     reworded = tree.replace("vertices", "nodes").replace("one line", "a line")
     whole = difflib.SequenceMatcher(None, *(normalise(wrap.format(p)).split() for p in (tree, other)))
     assert whole.ratio() >= NEAR_RATIO  # the wrapper alone would make them one problem
     side = [wrap.format(p) for p in (other, "Given a graph print whether it is bipartite.")]
-    assert _reworded(_Problems.of(side, benchmark=True), test) == {"t": 0}
+    assert near_copies(Problems.of(side, benchmark=False), test) == {"t": []}
     side.append(wrap.format(reworded))
-    assert _reworded(_Problems.of(side, benchmark=True), test) == {"t": 1}
+    [key] = near_copies(Problems.of(side, benchmark=False), test)["t"]
+    assert test["t"].raw[key] == wrap.format(tree)
     # the built-in task: 13-word puzzles, some with the same map and another start, one word apart
     val, tiny = ([r["prompt"] for r in load_benchmark(n)] for n in ("tiny_val", "tiny_test"))
     alike = [
@@ -278,7 +321,16 @@ def test_a_wrapper_every_problem_carries_is_not_evidence_of_a_rewording() -> Non
         if difflib.SequenceMatcher(None, normalise(a).split(), normalise(b).split()).ratio() >= 0.9
     ]
     assert alike and max(len(t.split()) for t in val + tiny) < NEAR_MIN_WORDS
-    only_verbatim = {"t": _Problems.of(tiny, benchmark=True)}
-    assert _reworded(_Problems.of(val, benchmark=True), only_verbatim) == {"t": 0}
-    assert Shared(0, 1).describe("t").startswith("1 of t's problems reworded (")
-    assert Shared(2, 1).describe("t").startswith("2 of t's problems verbatim and 1 more reworded (")
+    assert near_copies(Problems.of(val, benchmark=True), {"t": Problems.of(tiny, benchmark=True)}) == {
+        "t": []
+    }
+    assert Shared(0, 1, ("A b",)).describe("t").startswith("1 of t's problems as a near copy (verbatim: ")
+    assert Shared(0, 1, ("A b",)).describe("t").endswith('; check "A b")')
+    both = Shared(2, 3, ("x" * 80,)).describe("t")
+    assert (
+        both.startswith("2 of t's problems verbatim and 3 more as near copies (") and "x" * 59 + "…" in both
+    )
+    assert (
+        Shared(2).describe("t")
+        == "2 of t's problems verbatim (verbatim: the same text up to Unicode form and spacing)"
+    )

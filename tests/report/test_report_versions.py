@@ -313,3 +313,20 @@ def test_a_cell_continued_on_other_training_records_is_flagged(grid):
     ) in md
     assert rows[("last", "token", "tiny_test")]["flagged"] == "1"
     assert md.count("continued on other training records") == 1
+
+
+def test_a_reason_names_files_relative_to_the_results_directory_only_where_a_path_starts(tmp_path):
+    """cli.report._relative: the results directory comes off a path as given or resolved (the
+    longer first), never from inside another name."""
+    from pathlib import Path
+
+    from aggbench.cli.report import _relative
+
+    root = tmp_path / "results"
+    assert _relative(f"x: not in the fetched copy {root}/data/benchmarks", root) == (
+        "x: not in the fetched copy data/benchmarks"
+    )
+    assert _relative(f"'{root}/data/a.jsonl':2: field 'prompt'", root) == "'data/a.jsonl':2: field 'prompt'"
+    inside = f"{tmp_path}/myresults/data/b and /other/{root.name}/data/c"
+    assert _relative(inside, root) == inside
+    assert _relative(f"{root.name}/data/d", Path(root.name)) == "data/d"

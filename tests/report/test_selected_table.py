@@ -163,9 +163,10 @@ def test_test_problems_a_selection_split_holds_are_noted_under_the_selected_tabl
     col = _collected({"tiny_test": "tiny_val"})
     md = to_markdown(build_tables(col, overlaps={("tiny_val", "tiny_test"): Shared(3)})["selected"], "x")
     assert "tiny_val holds 3 of tiny_test's problems verbatim (verbatim: " in md
-    assert "reworded" in md.split("tiny_val holds 3")[1]  # the note says what both words mean
-    near = to_markdown(build_tables(col, overlaps={("tiny_val", "tiny_test"): Shared(0, 2)})["selected"], "x")
-    assert "tiny_val holds 2 of tiny_test's problems reworded (" in near and "has seen them scored" in near
+    near = Shared(0, 2, ("Map a>b b>a. From a, apply it 2 times.",))
+    md = to_markdown(build_tables(col, overlaps={("tiny_val", "tiny_test"): near})["selected"], "x")
+    assert "tiny_val holds 2 of tiny_test's problems as near copies (" in md and "has seen them scored" in md
+    assert 'check "Map a>b b>a. From a, apply it 2 times.")' in md  # what a reader can look up
     unread = build_tables(col, overlaps={("tiny_val", "tiny_test"): "tiny_val: not in the fetched copy X"})
     assert (
         "tiny_val not compared with tiny_test for shared problems: tiny_val: not in the fetched copy X"

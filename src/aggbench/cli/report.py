@@ -17,6 +17,7 @@ Snakemake `report` rule's declared outputs.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,13 +66,18 @@ def _overlaps(exp: dict) -> tuple[dict[tuple[str, str], Overlap], dict[tuple[str
             }
     pairs = [(side, t) for side in sides for t in tests]
     found = shared_problems([*chosen, *pairs], layout.benchmark_data_dir(root)) if chosen or pairs else {}
-    # a reason names the file to fix; relative to the results directory, tables read the same everywhere
-    prefixes = [f"{p}{os.sep}" for p in dict.fromkeys((str(root), str(root.resolve())))]
-    for pair, why in found.items():
-        for prefix in prefixes if isinstance(why, str) else ():
-            found[pair] = why = why.replace(prefix, "")
+    found = {pair: _relative(why, root) if isinstance(why, str) else why for pair, why in found.items()}
     trained |= {(side.dataset, t): found[side, t] for side, t in pairs}
     return {pair: found[pair] for pair in chosen}, trained
+
+
+def _relative(reason: str, root: Path) -> str:
+    """``reason`` with the results directory ``root`` taken off where a path starts (as given or
+    resolved, the longer first; not inside another name such as ``/tmp/results``): a reason names
+    the file to fix, and relative to the results directory the tables read the same everywhere."""
+    spelt = sorted({str(root), str(root.resolve())}, key=len, reverse=True)
+    start = re.compile("|".join(rf"(?<![^\s'\"(]){re.escape(p + os.sep)}" for p in spelt))
+    return start.sub("", reason)
 
 
 def _load(config: Path) -> dict:
