@@ -1,4 +1,4 @@
-"""Verbatim and reworded overlap of selection splits and training files with test benchmarks
+"""Verbatim and near-copy overlap of selection splits and training files with test benchmarks
 (``data.overlap.shared_problems``), on real rows from ../shared/data: the report notes each
 (selection, test) pair that shares problems under the selected table
 (tests/report/test_selected_table.py covers the note), and each (training set, test) pair under
@@ -14,8 +14,12 @@ import yaml
 
 from aggbench.data import load_benchmark
 from aggbench.data.fetch import fetch_benchmarks
+from aggbench.data.holdout import problem_key
+from aggbench.data.near import Problems
+from aggbench.data.overlap import Shared
 
 DAPO_EVAL = "train/dapo17k/dapo_repo_eval_aime-2024_dapo_format.jsonl"
+LCB = "livecodebench/lcb_v5_2408_2501_public_tests_rllm.jsonl"
 
 
 def test_a_holdout_drawn_from_aime_problems_is_found_to_hold_aime24s(
@@ -202,14 +206,20 @@ def test_the_normalisation_and_spans_are_lm_evals_decontamination_ones(fetched_m
         assert spans(normalise(text)) == set(word_ngrams(theirs, NEAR_WORDS))
 
 
-def _ratio(test: str, other: str, bench: list[str]) -> float:
-    """The documented similarity: difflib over the words, the test benchmark's common spans out."""
+def _bench(texts: list[str], name: str = "t") -> Problems:
+    return Problems.of((f"{name} #{i}", t) for i, t in enumerate(texts))
+
+
+def _ratio(test: str, other: str, bench: list[str], *, strip_other: bool = True) -> float:
+    """The documented similarity: difflib over the words, the benchmark's common spans out of the
+    test problem and (``strip_other``) of the other one."""
     import difflib
 
-    from aggbench.data.near import Problems, _without, normalise
+    from aggbench.data.near import _without, common_spans, normalise
 
-    common = Problems.of(bench, benchmark=True).common
-    a, b = (_without(normalise(t), common).split() for t in (test, other))
+    common = common_spans([_bench(bench)])
+    a = _without(normalise(test), common)
+    b = _without(normalise(other), common) if strip_other else normalise(other).split()
     return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
 
 
@@ -224,13 +234,14 @@ def test_near_copies_between_real_benchmarks_and_stock_phrases_that_are_not(
     found as near copies of 25 of its 30 problems: the note's "or with other numbers"."""
     import re
 
-    from aggbench.data.near import NEAR_RATIO, Problems, near_copies, normalise, spans
-    from aggbench.data.overlap import Shared, shared_problems
+    from aggbench.data.near import NEAR_RATIO, near_copies, normalise, spans
+    from aggbench.data.overlap import shared_problems
 
     got = shared_problems([(a, b) for a in MATH for b in MATH if a != b], fetched_math)
     dice = {("math500", "olympiadbench"), ("olympiadbench", "math500")}
     assert {pair: n for pair, n in got.items() if n} == {pair: Shared(0, 1) for pair in dice}
-    assert "dice" in got["olympiadbench", "math500"].examples[0]
+    [where] = got["olympiadbench", "math500"].examples
+    assert re.fullmatch(r"math500 id \S+ against olympiadbench id \S+", where), where
     aime = [
         set().union(*(spans(normalise(t), 13) for t in _prompts(n, fetched_math)))
         for n in ("aime24", "aime25")
@@ -245,43 +256,77 @@ def test_near_copies_between_real_benchmarks_and_stock_phrases_that_are_not(
     [theirs] = {t.split("\n\n")[1] for t in dapo if "Torus $\\mathcal T$" in t}
     assert round(_ratio(torus, theirs, aime24), 2) == 0.63
     shifted = [re.sub(r"\d+", lambda m: str(int(m.group()) + 1), t) for t in aime24]
-    test = {"aime24": Problems.of(aime24, benchmark=True)}
-    assert len(near_copies(Problems.of(shifted, benchmark=False), test)["aime24"]) == 25
+    assert len(near_copies(_bench(shifted, "s"), {"aime24": _bench(aime24)})["aime24"]) == 25
 
 
-def test_formatting_copies_of_short_problems_and_duplicates_inside_a_side_are_found(
-    fetched_math: Path,
-) -> None:
-    """A copy that differs in punctuation or maths delimiters only has the test problem's words:
-    a near copy at any length (199 of MATH-500's problems are too short for the similarity). Two
-    copies of one problem inside a side (or the test) do not hide it as a stock phrase would be."""
-    from aggbench.data.near import NEAR_MIN_WORDS, Problems, near_copies
+def test_reformatted_copies_at_any_length_and_copies_inside_a_side_are_found(fetched_math: Path) -> None:
+    """A copy that differs in maths delimiters, case or closing punctuation is a near copy at any
+    length (short problems are not compared by similarity), but a changed sign, power or decimal
+    point is not that (another problem); an empty text matches nothing. Three variants of one
+    problem inside a selection split do not hide it as a phrase three problems share would be."""
+    import re
+
+    from aggbench.data.near import NEAR_MIN_WORDS, near_copies
 
     math500, aime24 = (_prompts(n, fetched_math) for n in ("math500", "aime24"))
-    short = [t for t in math500 if len(t.split()) < NEAR_MIN_WORDS and "$" in t][:3]
+    short = [t for t in math500 if len(t.split()) < NEAR_MIN_WORDS and "$" in t and "+" in t][:3]
     assert len(short) == 3
-    delimited = [t.replace("$", "\\(", 1).replace("$", "\\)", 1) for t in short]
-    test = {"math500": Problems.of(math500, benchmark=True)}
-    for copy in (delimited, [t + " !" for t in short]):
-        assert len(near_copies(Problems.of(copy, benchmark=False), test)["math500"]) == 3
+    test = {"math500": _bench(math500)}
+    for copy in (
+        [re.sub(r"\$(.*?)\$", r"\\(\1\\)", t, count=1) for t in short],
+        [t.upper() + " !" for t in short],
+    ):
+        assert len(near_copies(_bench(copy, "s"), test)["math500"]) == 3, copy
+    assert near_copies(_bench([t.replace("+", "-", 1) for t in short], "s"), test) == {"math500": []}
+    assert near_copies(_bench(["...", "$$"], "s"), {"t": _bench(["?"])}) == {"t": []}
     [torus] = [t for t in aime24 if t.startswith("Torus $T$")]
-    reworded = torus.replace("Torus $T$", "A torus $\\mathcal T$").replace("so like a donut", "a doughnut")
-    twice = [reworded, reworded + ".", *aime24[:3]]  # a selection split holding it twice
-    found = near_copies(Problems.of(twice, benchmark=True), {"aime24": Problems.of(aime24, benchmark=True)})
-    assert [Problems.of(aime24, benchmark=True).raw[k] for k in found["aime24"]] == [torus]
+    variants = [torus.replace("Torus $T$", f"A torus $\\mathcal T_{i}$") for i in range(3)]
+    split = _bench([variants[0].replace("so like a donut", "a doughnut"), *variants[1:], *aime24[:2]], "s")
+    found = near_copies(split, {"aime24": _bench(aime24, "aime24")})["aime24"]
+    assert [(_bench(aime24, "aime24").raw[k], split.raw[o]) for k, o in found] == [
+        (torus, split.raw[o]) for _, o in found
+    ]
+    assert len(found) == 1
+
+
+def test_boilerplate_is_taken_out_of_both_sides_and_counted_over_all_test_benchmarks(
+    shared_data: Path, fetched_math: Path
+) -> None:
+    """A Minerva problem under a long preamble its benchmark repeats, copied with three words
+    changed: with the preamble left in the copy it is under NEAR_RATIO alike, with it out of both
+    (as done) a near copy. LiveCodeBench's first three problems alone hold too little to tell its
+    boilerplate ("Input", "Constraints", ...): counted over the whole benchmark, none of the others
+    is a near copy of them; counted over the three, some are."""
+    from aggbench.data.near import NEAR_MIN_WORDS, NEAR_RATIO, _without, common_spans, near_copies, normalise
+
+    minerva = _prompts("minerva", fetched_math)
+    common = common_spans([_bench(minerva)])
+    kept = [t for t in minerva if len(_without(normalise(t), common)) >= NEAR_MIN_WORDS]
+    [worst] = sorted(kept, key=lambda t: len(_without(normalise(t), common)) / len(normalise(t).split()))[:1]
+    words = worst.split()
+    copy = " ".join(
+        ["zzz" if i in (len(words) - 2, len(words) - 5, len(words) - 9) else w for i, w in enumerate(words)]
+    )
+    assert _ratio(worst, copy, minerva, strip_other=False) < NEAR_RATIO <= _ratio(worst, copy, minerva)
+    test = _bench(minerva)
+    found = [test.raw[k] for k, _ in near_copies(_bench([copy], "s"), {"minerva": test})["minerva"]]
+    assert worst in found  # (with a sibling subproblem under the same preamble, a variant of it)
+    lcb = [json.loads(line)["problem"] for line in (shared_data / LCB).open()]
+    first, rest = _bench(lcb[:3], "first"), _bench(lcb[10:], "rest")
+    assert near_copies(rest, {"first": first})["first"]  # three problems' boilerplate is rare
+    assert near_copies(rest, {"first": first}, common_spans([first, _bench(lcb)])) == {"first": []}
 
 
 def test_a_wrapper_every_problem_carries_is_not_evidence_of_a_near_copy() -> None:
     """Inside one long instruction (an AtCoder-style block, a prompt template) a different problem
     that starts like a test problem shares most of its words with it, enough for the similarity
-    threshold; without the spans the benchmark's problems share, it is not a near copy, while the
-    same problem with three words changed is. A problem with fewer than NEAR_MIN_WORDS words left
-    is matched by its words only: the built-in task's validation and test puzzles, which differ in
-    a map, a start or a count, are not near copies of each other."""
+    threshold; without the spans the test benchmark's problems share, it is not a near copy, while
+    the same problem with three words changed is. A problem with fewer than NEAR_MIN_WORDS words
+    left is matched only as reformatted: the built-in task's validation and test puzzles, which
+    differ in a map, a start or a count, are not near copies of each other."""
     import difflib
 
-    from aggbench.data.near import NEAR_MIN_WORDS, NEAR_RATIO, Problems, near_copies, normalise
-    from aggbench.data.overlap import Shared
+    from aggbench.data.near import NEAR_MIN_WORDS, NEAR_RATIO, _without, common_spans, near_copies, normalise
 
     wrap = (
         "You will be given a question and will write a correct program that reads standard input. {} "
@@ -298,8 +343,9 @@ def test_a_wrapper_every_problem_carries_is_not_evidence_of_a_near_copy() -> Non
         "Given a string S of lowercase English letters, print the number of distinct palindromic "
         "substrings of S, counting each distinct substring once however often it occurs in S.",
     ]
-    test = {"t": Problems.of([wrap.format(p) for p in problems], benchmark=True)}
-    assert min(len(own.split()) for own in test["t"].own.values()) >= NEAR_MIN_WORDS
+    test = {"t": _bench([wrap.format(p) for p in problems])}
+    common = common_spans(test.values())
+    assert min(len(_without(t, common)) for t in test["t"].texts.values()) >= NEAR_MIN_WORDS
     other = (
         "Given a tree with N vertices and a positive integer K, remove every leaf until one vertex or two "
         "adjacent vertices are left, and print how many rounds of removal that took."
@@ -308,10 +354,10 @@ def test_a_wrapper_every_problem_carries_is_not_evidence_of_a_near_copy() -> Non
     whole = difflib.SequenceMatcher(None, *(normalise(wrap.format(p)).split() for p in (tree, other)))
     assert whole.ratio() >= NEAR_RATIO  # the wrapper alone would make them one problem
     side = [wrap.format(p) for p in (other, "Given a graph print whether it is bipartite.")]
-    assert near_copies(Problems.of(side, benchmark=False), test) == {"t": []}
+    assert near_copies(_bench(side, "s"), test) == {"t": []}
     side.append(wrap.format(reworded))
-    [key] = near_copies(Problems.of(side, benchmark=False), test)["t"]
-    assert test["t"].raw[key] == wrap.format(tree)
+    [(key, at)] = near_copies(_bench(side, "s"), test)["t"]
+    assert test["t"].raw[key] == wrap.format(tree) and at == problem_key(wrap.format(reworded))
     # the built-in task: 13-word puzzles, some with the same map and another start, one word apart
     val, tiny = ([r["prompt"] for r in load_benchmark(n)] for n in ("tiny_val", "tiny_test"))
     alike = [
@@ -321,15 +367,14 @@ def test_a_wrapper_every_problem_carries_is_not_evidence_of_a_near_copy() -> Non
         if difflib.SequenceMatcher(None, normalise(a).split(), normalise(b).split()).ratio() >= 0.9
     ]
     assert alike and max(len(t.split()) for t in val + tiny) < NEAR_MIN_WORDS
-    assert near_copies(Problems.of(val, benchmark=True), {"t": Problems.of(tiny, benchmark=True)}) == {
-        "t": []
-    }
-    assert Shared(0, 1, ("A b",)).describe("t").startswith("1 of t's problems as a near copy (verbatim: ")
-    assert Shared(0, 1, ("A b",)).describe("t").endswith('; check "A b")')
-    both = Shared(2, 3, ("x" * 80,)).describe("t")
-    assert (
-        both.startswith("2 of t's problems verbatim and 3 more as near copies (") and "x" * 59 + "…" in both
+    assert near_copies(_bench(val, "v"), {"t": _bench(tiny)}) == {"t": []}
+    assert Shared(0, 1, ("t id 3 against v id 9",)).describe("t") == (
+        "1 of t's problems as a near copy (near copy: the same problem reformatted, reworded or with "
+        "other numbers, aggbench.data.near; check t id 3 against v id 9)"
     )
+    both = Shared(2, 3, ("a", "b")).describe("t")
+    assert both.startswith("2 of t's problems verbatim and 3 more as near copies (verbatim: the same")
+    assert both.endswith("; check a, b)")
     assert (
         Shared(2).describe("t")
         == "2 of t's problems verbatim (verbatim: the same text up to Unicode form and spacing)"

@@ -163,10 +163,10 @@ def test_test_problems_a_selection_split_holds_are_noted_under_the_selected_tabl
     col = _collected({"tiny_test": "tiny_val"})
     md = to_markdown(build_tables(col, overlaps={("tiny_val", "tiny_test"): Shared(3)})["selected"], "x")
     assert "tiny_val holds 3 of tiny_test's problems verbatim (verbatim: " in md
-    near = Shared(0, 2, ("Map a>b b>a. From a, apply it 2 times.",))
+    near = Shared(0, 2, ("tiny_test id 7 against tiny_val id 3", "tiny_test id 9 against tiny_val id 4"))
     md = to_markdown(build_tables(col, overlaps={("tiny_val", "tiny_test"): near})["selected"], "x")
     assert "tiny_val holds 2 of tiny_test's problems as near copies (" in md and "has seen them scored" in md
-    assert 'check "Map a>b b>a. From a, apply it 2 times.")' in md  # what a reader can look up
+    assert "check tiny_test id 7 against tiny_val id 3, tiny_test id 9 against tiny_val id 4)" in md
     unread = build_tables(col, overlaps={("tiny_val", "tiny_test"): "tiny_val: not in the fetched copy X"})
     assert (
         "tiny_val not compared with tiny_test for shared problems: tiny_val: not in the fetched copy X"

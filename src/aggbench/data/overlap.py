@@ -4,8 +4,9 @@ problems a prepared training file shares with a test benchmark: every cell train
 
 Two kinds of shared problem are counted, each test problem at most once: **verbatim**, equal
 problem text after Unicode NFKC and collapsing whitespace (:func:`aggbench.data.holdout.problem_key`,
-the key the holdout split uses); and **near copies** (:mod:`aggbench.data.near`): the same words up
-to case and punctuation, or the same problem reworded or with other numbers, a pointer to look at.
+the key the holdout split uses); and **near copies** (:mod:`aggbench.data.near`): the same problem
+reformatted (maths delimiters, case, closing punctuation), reworded or with other numbers, a
+pointer to check.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aggbench.data.near import Problems, near_copies
+from aggbench.data.near import Problems, common_spans, near_copies
 
 if TYPE_CHECKING:
     from aggbench.data.training import TrainingDatasetSpec
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 class Shared:
     """Of one test benchmark's distinct problems, how many the other side holds ``verbatim`` and
     how many more it holds a ``near`` copy of (the module docstring defines both); ``examples``:
-    the first near-copied test problems as written, for a reader to check."""
+    where the first near copies are ("aime24 id 60 against line 12 of dapo.jsonl"), to check."""
 
     verbatim: int
     near: int = 0
@@ -37,23 +38,18 @@ class Shared:
 
     def describe(self, test: str) -> str:
         """'24 of aime24's problems verbatim and 1 more as a near copy (...)' for a note."""
-        parts = [f"{self.verbatim} of {test}'s problems verbatim"] if self.verbatim else []
+        parts, means = [], []
+        if self.verbatim:
+            parts.append(f"{self.verbatim} of {test}'s problems verbatim")
+            means.append("verbatim: the same text up to Unicode form and spacing")
         if self.near:
             more = " more" if self.verbatim else f" of {test}'s problems"
             parts.append(f"{self.near}{more} as {'a near copy' if self.near == 1 else 'near copies'}")
-        text = " and ".join(parts) + " (verbatim: the same text up to Unicode form and spacing"
-        if self.near:
-            shown = "; ".join(f'"{_clip(e)}"' for e in self.examples)
-            text += (
-                "; near copy: the same words up to case and punctuation, or the same problem reworded "
-                f"or with other numbers, aggbench.data.near; check {shown}"
+            means.append(
+                "near copy: the same problem reformatted, reworded or with other numbers, "
+                f"aggbench.data.near; check {', '.join(self.examples)}"
             )
-        return text + ")"
-
-
-def _clip(text: str, n: int = 60) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= n else flat[: n - 1] + "…"
+        return " and ".join(parts) + f" ({'; '.join(means)})"
 
 
 # per (selection, test) pair: the problems both hold, or why they could not be compared here
@@ -75,10 +71,10 @@ class TrainingFile:
         return f"training set {self.dataset}"
 
 
-def _training_texts(side: TrainingFile) -> list[str]:
-    """The problems of a prepared training file, its instruction template taken off. Raises
-    DataError naming the file, line and field for a row without a text prompt or one the template
-    does not wrap (prepared under another spec)."""
+def _training_texts(side: TrainingFile) -> list[tuple[str, str]]:
+    """(where, problem) of each row of a prepared training file, its instruction template taken
+    off. Raises DataError naming the file, line and field for a row without a text prompt or one
+    the template does not wrap (prepared under another spec)."""
     from aggbench.data.jsonl import DataError, iter_jsonl
     from aggbench.data.rows import as_text
 
@@ -86,7 +82,12 @@ def _training_texts(side: TrainingFile) -> list[str]:
     for line, row in iter_jsonl(side.path):
         text = as_text(row.get("prompt"), where, line, "prompt")
         try:
-            texts.append(side.spec.strip(text, where=where, line=line, field="prompt"))
+            texts.append(
+                (
+                    f"line {line} of {side.path.name}",
+                    side.spec.strip(text, where=where, line=line, field="prompt"),
+                )
+            )
         except DataError as exc:
             raise DataError(
                 where, line, "prompt", f"{exc.reason}: prepared under another spec? prepare it again"
@@ -99,34 +100,39 @@ def _problems(name: str | TrainingFile, fetched: Path) -> Problems:
     fetched copy's records in the spec's date window) or of a training file. Only each line's
     prompt is kept (a code benchmark's tests can be gigabytes), and the file is not hashed again
     (the generate jobs check it against the lock). Raises InputError / OSError when it cannot be
-    read here."""
+    read here, FetchedDataError when it holds no problem."""
     from aggbench.data.benchmarks import load_benchmark, load_benchmark_spec
     from aggbench.data.fetch import FetchedDataError, read_lock, records_file
     from aggbench.data.jsonl import iter_jsonl
 
     if isinstance(name, TrainingFile):
-        return Problems.of(_training_texts(name), benchmark=False)
+        return Problems.of(_training_texts(name))
     spec = load_benchmark_spec(name)
     if spec.builtin is not None:
-        return Problems.of((r["prompt"] for r in load_benchmark(spec)), benchmark=True)
-    if name not in read_lock(fetched):
+        got = Problems.of((f"{name} id {r['id']}", r["prompt"]) for r in load_benchmark(spec))
+    elif name not in read_lock(fetched):
         raise FetchedDataError(f"{name}: not in the fetched copy {fetched}")
-    window = spec.date_window
-    rows = (row for _line, row in iter_jsonl(records_file(fetched, name)))
-    return Problems.of(
-        (r["prompt"] for r in rows if window is None or window.contains(datetime.fromisoformat(r["date"]))),
-        benchmark=True,
-    )
+    else:
+        window = spec.date_window
+        got = Problems.of(
+            (f"{name} id {row.get('id', f'line {line}')}", row["prompt"])
+            for line, row in iter_jsonl(records_file(fetched, name))
+            if window is None or window.contains(datetime.fromisoformat(row["date"]))
+        )
+    if not got.raw:
+        raise FetchedDataError(f"{name}: no problems{' in its date window' if spec.date_window else ''}")
+    return got
 
 
 def shared_problems(
     pairs: Iterable[tuple[str | TrainingFile, str]], fetched: str | Path
 ) -> dict[tuple[str | TrainingFile, str], Overlap]:
     """{(selection benchmark or training file, test benchmark): of the test's distinct problems, how
-    many the first holds verbatim and reworded (:class:`Shared`), or why they were not compared} for
+    many the first holds verbatim and as near copies (:class:`Shared`), or why not compared} for
     each pair of ``pairs``. ``fetched``: the grid's fetched benchmark copy
-    (``layout.benchmark_data_dir``). A record without a prompt or a date where its window needs one
-    is a reason, not a crash: the caller's report goes on."""
+    (``layout.benchmark_data_dir``). A record without a prompt or a date where its window needs one,
+    or a benchmark without problems, is a reason, not a crash: the caller's report goes on. The
+    boilerplate spans near copies leave out are counted over all the pairs' test benchmarks."""
     from aggbench.errors import InputError
 
     pairs = list(dict.fromkeys(pairs))
@@ -136,18 +142,18 @@ def shared_problems(
             cache[name] = _problems(name, Path(fetched))
         except (InputError, OSError, KeyError, TypeError, ValueError) as exc:
             cache[name] = f"{name}: {exc}" if isinstance(exc, KeyError) else str(exc)
+    common = common_spans(p for b in {b for _, b in pairs} if not isinstance(p := cache[b], str))
     out: dict[tuple[str | TrainingFile, str], Overlap] = {}
     for side in dict.fromkeys(a for a, _ in pairs):
         mine, tests = cache[side], {b: cache[b] for a, b in pairs if a == side}
         if isinstance(mine, str):
             out |= {(side, b): mine for b in tests}
             continue
-        readable = {b: got for b, got in tests.items() if not isinstance(got, str)}
-        near = near_copies(mine, readable)
+        near = near_copies(mine, {b: got for b, got in tests.items() if not isinstance(got, str)}, common)
         for b, got in tests.items():
             if isinstance(got, str):
                 out[side, b] = got
                 continue
-            examples = tuple(got.raw[key] for key in near[b][:2])
-            out[side, b] = Shared(len(mine.texts.keys() & got.texts.keys()), len(near[b]), examples)
+            examples = tuple(f"{got.where[k]} against {mine.where[o]}" for k, o in near[b][:2])
+            out[side, b] = Shared(len(mine.raw.keys() & got.raw.keys()), len(near[b]), examples)
     return out
