@@ -79,7 +79,7 @@ def test_date_windowed_splits_of_one_fetched_file_are_compared_within_their_wind
     """Two windows of the shipped LiveCodeBench spec (as livecodebench and livecodebench_val are) are
     fetched as the same rows (a fetch keeps no window); each is read in its own date window, so two
     disjoint windows share no problem although their files are the same, and a window inside another
-    shares all of its own."""
+    shares all of its own; a window without problems is not compared."""
     from aggbench.data.fetch import records_file
     from aggbench.data.overlap import Shared, shared_problems
 
@@ -87,7 +87,7 @@ def test_date_windowed_splits_of_one_fetched_file_are_compared_within_their_wind
         (Path(__file__).parents[2] / "configs" / "benchmarks" / "livecodebench.yaml").read_text()
     )
     windows = {"lcb_early": ("2024-08-01", "2024-11-01"), "lcb_late": ("2024-11-01", "2025-02-01")}
-    windows["lcb_all"] = ("2024-08-01", "2025-02-01")
+    windows |= {"lcb_all": ("2024-08-01", "2025-02-01"), "lcb_none": ("2030-01-01", "2030-02-01")}
     for name, (start, end) in windows.items():
         spec = {**shipped, "name": name, "date_window": {"start": start, "end": end}}
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(spec))
@@ -103,6 +103,9 @@ def test_date_windowed_splits_of_one_fetched_file_are_compared_within_their_wind
     assert (
         got == {("lcb_early", "lcb_late"): Shared(0), ("lcb_early", "lcb_all"): Shared(early)} and early > 0
     )
+    # an empty window is a reason, not a zero: "shares none" would read as compared
+    empty = shared_problems([("lcb_early", "lcb_none")], fetched)
+    assert empty == {("lcb_early", "lcb_none"): "lcb_none: no problems in its date window"}
 
 
 def test_a_prepared_training_file_is_compared_with_the_tests_on_its_bare_problems(
