@@ -242,6 +242,14 @@ def test_test_problems_the_prepared_training_file_holds_are_noted_under_every_ta
         "- training set tiny not compared with math500 for shared problems: math500: not in the "
         "fetched copy data/benchmarks"
     ), unread
+    prepared.unlink()  # no prepared file: said once per test benchmark, named the same way
+    _, md = _report(tmp_path, config)
+    missing = [line for line in md.splitlines() if "no prepared file" in line]
+    assert missing and all(
+        f"no prepared file {prepared.relative_to(tmp_path / 'results')} in the results directory" in line
+        and str(tmp_path) not in line
+        for line in missing
+    ), missing
 
 
 def test_a_base_row_with_more_problems_or_a_step_apart_is_noted_with_those_steps():

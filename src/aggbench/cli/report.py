@@ -59,16 +59,18 @@ def _overlaps(exp: dict) -> tuple[dict[tuple[str, str], Overlap], dict[tuple[str
         path = layout.data_file(root, name)
         if path.is_file():
             sides.append(TrainingFile(name, path, load_training_spec(ds["spec"])))
-        else:  # relative: the tables read the same on every machine
-            trained |= {
-                (name, t): f"no prepared file {path.relative_to(root)} in the results directory"
-                for t in tests
-            }
+        else:
+            trained |= {(name, t): f"no prepared file {path} in the results directory" for t in tests}
     pairs = [(side, t) for side in sides for t in tests]
     found = shared_problems([*chosen, *pairs], layout.benchmark_data_dir(root)) if chosen or pairs else {}
-    found = {pair: _relative(why, root) if isinstance(why, str) else why for pair, why in found.items()}
     trained |= {(side.dataset, t): found[side, t] for side, t in pairs}
-    return {pair: found[pair] for pair in chosen}, trained
+
+    def relative(why: Overlap) -> Overlap:  # every reason one way: the tables read the same everywhere
+        return _relative(why, root) if isinstance(why, str) else why
+
+    return {pair: relative(found[pair]) for pair in chosen}, {
+        pair: relative(w) for pair, w in trained.items()
+    }
 
 
 def _relative(reason: str, root: Path) -> str:

@@ -118,7 +118,7 @@ def near_copies(
     spans (default: :func:`common_spans` of ``tests``). One pass over ``side`` (a training set can
     hold 10^5 problems) against an index of the tests' rarer spans."""
     common = common_spans(tests.values()) if common is None else common
-    plains = {plain(t): key for key, t in reversed(side.raw.items()) if plain(t)}
+    plains = {p: key for key, t in reversed(side.raw.items()) if (p := plain(t))}
     found: dict[tuple[str, str], str] = {}
     index: dict[str, list[tuple[str, str]]] = {}
     own: dict[tuple[str, str], list[str]] = {}
@@ -126,8 +126,8 @@ def near_copies(
         for key, text in problems.texts.items():
             if key in side.raw:
                 continue  # verbatim
-            if plain(problems.raw[key]) in plains:
-                found[test, key] = plains[plain(problems.raw[key])]
+            if (copy := plains.get(plain(problems.raw[key]))) is not None:
+                found[test, key] = copy
             elif len(words := _without(text, common)) >= NEAR_MIN_WORDS:
                 own[test, key] = words
                 for span in spans(text) - common:
