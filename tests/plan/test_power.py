@@ -85,6 +85,11 @@ def test_questions_without_an_answer_are_one_line_errors():
         achieved_power(1, 1.0, 1.0)
     with pytest.raises(PowerError, match="--power must lie in"):
         min_delta(5, 1.0, power=1.0)
+    # power at or below alpha: delta 0 already reaches it, so no positive delta is the minimum
+    with pytest.raises(PowerError, match=r"--power must exceed --alpha \(got power 0.04 <= alpha 0.05\)"):
+        min_delta(10, 1.0, power=0.04)
+    code, out = _cli("--sd", "1", "--n", "10", "--power", "0.04")
+    assert code == 1 and "--power must exceed --alpha" in out and "Traceback" not in out, out
 
 
 def _cli(*args: str) -> tuple[int, str]:
@@ -129,7 +134,8 @@ def _cell(
     (run / "tiny_test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     avg = sum(r["correct"] for r in rows) / len(rows)
     passed = sum(any(cs) for cs in correct) / len(correct)
-    metrics = {"n_samples": K, f"avg@{K}": avg, f"pass@{K}": passed}
+    k = len(correct[0])  # K unless a test gives another
+    metrics = {"n_samples": k, f"avg@{k}": avg, f"pass@{k}": passed}
     (run / "tiny_test.metrics.json").write_text(json.dumps(metrics))
 
 
@@ -255,6 +261,28 @@ def test_a_pilot_of_pass_at_k_is_not_split_into_training_and_sampling(tmp_path):
     assert code == 0 and "not split into training and sampling" in out and "by answers per problem" not in out
     code, out = _cli("--pilot", str(tmp_path), "--metric", f"pass@{K}", "--delta", "2", "--samples", "16")
     assert code == 1 and "for avg@k only, not pass@4" in out, out
+
+
+def test_a_pilot_of_one_answer_per_problem_is_not_split_either(tmp_path):
+    """avg@1: no problem answered twice, so no sampling estimate; booking the whole sd as training
+    would tell the user that more answers per problem buy nothing. The sd stays whole, --samples is
+    refused with what to do."""
+    for seed, up in enumerate((8, 2, 14)):
+        _cell(tmp_path, "sequence", seed, [[True], [False]] * 10)
+        _cell(tmp_path, "token", seed, [[True]] * up + [[True], [False]] * ((20 - up) // 2))
+    p = pilot(tmp_path, "sequence", "token", "tiny_test")
+    assert p.metric == "avg@1" and p.samples == 1
+    assert p.differences == pytest.approx(
+        {"tiny__tiny__s0": 20.0, "tiny__tiny__s1": 5.0, "tiny__tiny__s2": 35.0}
+    )
+    assert p.sd_eval is None and p.sd_train is None and p.sd_at(1) == p.sd
+    with pytest.raises(PowerError, match="only with k >= 2 answers per problem"):
+        p.sd_at(8)
+    code, out = _cli("--pilot", str(tmp_path), "--delta", "2")
+    assert code == 0 and "one answer per problem gives no sampling estimate" in out, out
+    assert "by answers per problem" not in out
+    code, out = _cli("--pilot", str(tmp_path), "--delta", "2", "--samples", "8")
+    assert code == 1 and "evaluate the pilot with n_samples >= 2" in out, out
 
 
 def test_a_pilot_without_two_pairs_is_refused_naming_what_it_found(tmp_path):

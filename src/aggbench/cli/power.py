@@ -74,6 +74,8 @@ def command(
             f"training {found.sd_train:.3g}, sampling {found.sd_eval:.3g} at k = {found.samples}"
             if found.sd_eval is not None
             else f"not split into training and sampling: that is avg@k's alone, not {found.metric}'s"
+            if found.metric != f"avg@{found.samples}"
+            else "not split into training and sampling: one answer per problem gives no sampling estimate"
         )
         pooled = f" (pooled within {found.settings} model x dataset settings)" if found.settings > 1 else ""
         click.echo(

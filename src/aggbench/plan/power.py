@@ -45,6 +45,11 @@ def _check(*, sd: float, alpha: float, power: float | None = None, delta: float 
         raise PowerError(f"--alpha must lie in (0, 1) (got {alpha})")
     if power is not None and not 0 < power < 1:
         raise PowerError(f"--power must lie in (0, 1) (got {power})")
+    if power is not None and power <= alpha:
+        raise PowerError(
+            f"--power must exceed --alpha (got power {power} <= alpha {alpha}): with no difference at all "
+            "the test already rejects with probability alpha"
+        )
     if delta is not None and (delta == 0 or not math.isfinite(delta)):
         raise PowerError(f"--delta must be a nonzero number (got {delta}): no number of seeds detects 0")
 
@@ -111,7 +116,8 @@ class Pilot:
     settings: int  # model x dataset settings among the pairs: the sd is pooled within each
     sd: float  # of the differences, pooled within settings (df = pairs - settings)
     # the part of it that k samples per problem add (binomial, from the graded files); None for a
-    # metric other than avg@k (pass@k, maj@k), whose sampling variance the graded rows do not give so
+    # metric other than avg@k (pass@k, maj@k), whose sampling variance the graded rows do not give so,
+    # and for k = 1 (no problem answered twice: nothing to estimate it from)
     sd_eval: float | None
     sd_train: float | None  # the rest: what training seeds add (0 when sampling explains it all)
 
@@ -122,6 +128,9 @@ class Pilot:
                 return self.sd
             raise PowerError(
                 f"--samples: the pilot's sd splits into training and sampling for avg@k only, not {self.metric}"
+                if self.metric != f"avg@{self.samples}"
+                else "--samples: the pilot's sd splits into training and sampling only with k >= 2 answers "
+                "per problem (the pilot has 1): evaluate the pilot with n_samples >= 2"
             )
         return math.sqrt(self.sd_train**2 + self.sd_eval**2 * self.samples / samples)
 
@@ -174,7 +183,9 @@ def pilot(
     sd = math.sqrt(sum((d - statistics.fmean(ds)) ** 2 for ds in settings.values() for d in ds) / df)
     metric_name, k = m_seen.pop(), k_seen.pop()
     # of a difference: the two cells' sampling is independent. Only avg@k's is the graded rows' binomial.
-    var_eval = 2 * statistics.fmean(evals) if metric_name == f"avg@{k}" else None
+    # One answer per problem (k = 1) gives no within-problem estimate: unsplit too (were it split, all
+    # of the sd would be booked as training and more samples would seem to buy nothing).
+    var_eval = 2 * statistics.fmean(evals) if metric_name == f"avg@{k}" and k >= 2 else None
     return Pilot(
         a=a,
         b=b,
