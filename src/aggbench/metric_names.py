@@ -38,8 +38,9 @@ LEDGER_COUNTS = (
 )
 # besides every avg@k/pass@k/maj@k: the proportions a metrics.json holds, logged to MLflow in percent
 PERCENT_NAMES = ("ci_low", "ci_high", "truncation_rate", "prob_correct", "prob_uncovered")
-# the built-in task's probability metric (aggbench.tiny.probability): computed, not sampled
-PROBABILITY = ("prob_correct", "prob_uncovered")
+# the built-in task's probability metric (aggbench.tiny.probability): computed, not sampled; its gate
+# (prob_usable, 1 or 0) logged with it, so an MLflow curve of prob_correct is read beside it
+PROBABILITY = ("prob_correct", "prob_uncovered", "prob_usable")
 # the greedy n=1 protocol's accuracy (evaluation.greedy): one decode per problem at temperature 0
 GREEDY = "greedy@1"
 # what the greedy protocol's metrics.json gives its benchmark in MLflow: {name: its field there}

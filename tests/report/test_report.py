@@ -90,6 +90,11 @@ def test_peak_each_benchmark_at_its_best_step(reported):
 
     rows = md_rows((out / "peak.md").read_text(), "each benchmark at its own best step")
     assert rows["token"][0] == "45.0 ± 63.5 @8 (Δ +5.0)"  # reported 40.0
+    # the step is chosen on test: said in each peak table's own title, so a caption pasted alone says it
+    captions = [line for line in (out / "peak.tex").read_text().splitlines() if r"\caption{" in line]
+    assert len(captions) >= 2 and all(
+        "chosen on" in c and "test" in c and "optimistic" in c for c in captions
+    )
     assert rows["balanced"] == ["**60.0 ± 0.0** @8", "20.0 ± 127.1 @4", "**40.0 ± 63.5**", "5.0 ± 63.5"]
     assert rows["token"][1] == "**25.0 ± 63.5** @12 (Δ -5.0)"  # best of math500, reported 30.0
     assert rows["token"][3] == "**0.0 ± 0.0**"  # the least drop is the best

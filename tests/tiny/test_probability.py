@@ -121,6 +121,7 @@ def test_generate_and_score_put_it_beside_avg_at_k(tiny_model_dir, tmp_path):
 
     logged = eval_metric_values("tiny_test", metrics)
     assert logged["eval/tiny_test/prob_correct"] == pytest.approx(100 * prob["prob_correct"])
+    assert logged["eval/tiny_test/prob_usable"] == 0.0  # its gate beside it, 1 or 0
     res = CliRunner().invoke(
         main, ["generate", "--checkpoint", str(tiny_model_dir), "--benchmarks", "tiny_test", "--out", str(tmp_path / "x"),
                "--limit", "1", "--tiny-task", '{"gap": "sideways"}', "--quiet"]
@@ -128,6 +129,20 @@ def test_generate_and_score_put_it_beside_avg_at_k(tiny_model_dir, tmp_path):
     assert res.exit_code != 0 and "--tiny-task" in res.output and "gap must be one of" in res.output, (
         res.output
     )
+    # a max_tokens that cuts the longest template (the negative gap's guesses: 46 tokens): skipped,
+    # saying why, since a cut template counted as correct would break the lower bound
+    res = CliRunner().invoke(
+        main, ["generate", "--checkpoint", str(tiny_model_dir), "--benchmarks", "tiny_test", "--out", str(tmp_path / "cut"),
+               "--limit", "1", "--n", "1", "--max-tokens", "45", "--tiny-task", '{"gap": "negative"}', "--quiet"]
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    prob = json.loads((tmp_path / "cut" / "generation.json").read_text())["benchmarks"]["tiny_test"][
+        "probability"
+    ]
+    assert prob == {
+        "skipped": "the task's longest answer template is 46 tokens (eos included), above max_tokens 45, "
+        "which cuts it: raise max_tokens to at least 46"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +150,21 @@ def tiny_model_dir(tmp_path_factory):
     from helpers.tiny_models import tiny_model_for_tests
 
     return tiny_model_for_tests(tmp_path_factory.mktemp("prob"), sft_steps=2)
+
+
+@pytest.mark.parametrize(("uncovered", "usable"), [(0.019, True), (0.02, False), (0.021, False)])
+def test_the_gate_is_the_uncovered_mass_strictly_below_two_points(tmp_path, uncovered, usable):
+    """score's prob_usable: the mean uncovered mass below USABLE_BELOW (0.02, as docs/evaluation.md
+    says), logged to MLflow as 1 or 0 beside prob_correct."""
+    from aggbench.evaluation.score import _probability
+    from aggbench.metric_names import eval_metric_values
+    from aggbench.tiny.probability import USABLE_BELOW
+
+    assert USABLE_BELOW == 0.02
+    prob = {"prob_correct": 0.5, "prob_uncovered": uncovered, "prob_uncovered_max": 0.2, "usable_below": 0.02}
+    (tmp_path / "generation.json").write_text(
+        json.dumps({"benchmarks": {"tiny_test": {"probability": prob}}})
+    )
+    got = _probability(tmp_path / "tiny_test.jsonl", "tiny_test")
+    assert got["prob_usable"] is usable and got["prob_uncovered"] == uncovered
+    assert eval_metric_values("tiny_test", got)["eval/tiny_test/prob_usable"] == float(usable)

@@ -413,8 +413,9 @@ def test_every_compute_job_leaves_its_wall_time_and_the_breakdown_reads_them(wf,
 def test_the_probability_metric_agrees_with_sampled_accuracy(wf, smoke_run, tmp_path):
     """The built-in task's probability metric (aggbench.tiny.probability) on the smoke DAG's own
     500-step model and its checkpoints: avg@4 of each evaluation lies in [prob_correct, prob_correct +
-    prob_uncovered] up to its sampling error (4 standard errors, from the per-problem probabilities);
-    then 64 samples of 32 problems pin it to about one point."""
+    prob_uncovered] up to its sampling error (4 standard errors, from the per-problem probabilities),
+    and its gate (prob_usable) says whether the uncovered mass is below 0.02 (the base model's is);
+    then 64 samples of 32 problems (one standard error under 1.2 points) lie within 4 of them of it."""
     results, _, _ = smoke_run
     evaluations = [
         m for m in results.glob("*/*/eval/step_*/tiny_test.metrics.json") if "eval_seed" not in str(m)
@@ -429,6 +430,11 @@ def test_the_probability_metric_agrees_with_sampled_accuracy(wf, smoke_run, tmp_
         low, high = metrics["prob_correct"], metrics["prob_correct"] + metrics["prob_uncovered"]
         assert low - 4 * var**0.5 <= metrics["avg@4"] <= high + 4 * var**0.5, (path, metrics)
         assert metrics["prob_uncovered"] < 0.1, path  # the warm start's styles cover the answers
+        assert metrics["prob_usable"] is (metrics["prob_uncovered"] < 0.02), (path, metrics)
+    base_metrics = [
+        json.loads(p.read_text()) for p in evaluations if p.relative_to(results).parts[0] == "base"
+    ]
+    assert len(base_metrics) == 1 and base_metrics[0]["prob_usable"] is True, base_metrics  # the warm start
     from click.testing import CliRunner
 
     from aggbench.cli import main
@@ -448,5 +454,5 @@ def test_the_probability_metric_agrees_with_sampled_accuracy(wf, smoke_run, tmp_
         "per_problem"
     ]
     se = (sum(p * (1 - p) for p, _ in per.values()) / 64 / len(per) ** 2) ** 0.5
-    assert se < 0.012
+    assert se < 0.012 and m["prob_usable"] is True, m  # the base model: where the metric is used
     assert m["prob_correct"] - 4 * se <= m["avg@64"] <= m["prob_correct"] + m["prob_uncovered"] + 4 * se, m

@@ -41,6 +41,13 @@ def task_probability(
         return {"skipped": "not the tiny model's tokenizer (the templates are its tokens)"}
     if not sampling["temperature"] or sampling["top_p"] < 1 or (sampling["top_k"] or 0) > 0:
         return {"skipped": "defined for plain sampling only (temperature > 0, top-p 1, no top-k)"}
+    if (longest := task.max_response_tokens()) > sampling["max_tokens"]:
+        # sampling cuts such a template before its box: counted as correct, prob_correct would not
+        # be the lower bound it is defined as
+        return {
+            "skipped": f"the task's longest answer template is {longest} tokens (eos included), above "
+            f"max_tokens {sampling['max_tokens']}, which cuts it: raise max_tokens to at least {longest}"
+        }
     t0 = time.perf_counter()
     _, ids = format_prompts(spec, recs, tokenizer, prompt_settings(spec, options))  # as sampling sees them
     raw = [str(r["prompt"]) for r in recs]
