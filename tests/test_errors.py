@@ -181,3 +181,11 @@ def test_an_internal_error_through_the_cli_ends_with_its_traceback(tmp_path, rai
     assert proc.returncode == 1
     assert "Traceback (most recent call last)" in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == last_line
+
+
+def test_the_architecture_doc_names_every_input_error():
+    """docs/architecture.md's Errors section says its list is INPUT_ERRORS: it names each class."""
+    doc = (SRC.parents[1] / "docs" / "architecture.md").read_text()
+    section = doc.split("## Errors", 1)[1].split("\n## ", 1)[0]
+    missing = [name for name in INPUT_ERRORS if f"`{name}`" not in section]
+    assert not missing, f"docs/architecture.md's Errors section does not name {missing}"

@@ -26,7 +26,11 @@ from aggbench.cli.common import click_error
     "--b", "rule_b", default="token", show_default=True, help="Pilot: the aggregation compared to it."
 )
 @click.option("--benchmark", help="Pilot: the benchmark (default: the only one evaluated).")
-@click.option("--step", type=int, help="Pilot: the evaluated step (default: the latest both cells have).")
+@click.option(
+    "--step",
+    type=int,
+    help="Pilot: the evaluated step (default: the latest every pilot cell evaluated; all pairs at one step).",
+)
 @click.option("--metric", help="Pilot: the metric (default avg@k).")
 @click.option(
     "--samples", type=int, help="Pilot: plan for this many answers per problem instead of the pilot's k."
