@@ -129,20 +129,25 @@ def test_generate_and_score_put_it_beside_avg_at_k(tiny_model_dir, tmp_path):
     assert res.exit_code != 0 and "--tiny-task" in res.output and "gap must be one of" in res.output, (
         res.output
     )
-    # a max_tokens that cuts the longest template (the negative gap's guesses: 46 tokens): skipped,
-    # saying why, since a cut template counted as correct would break the lower bound
-    res = CliRunner().invoke(
-        main, ["generate", "--checkpoint", str(tiny_model_dir), "--benchmarks", "tiny_test", "--out", str(tmp_path / "cut"),
-               "--limit", "1", "--n", "1", "--max-tokens", "45", "--tiny-task", '{"gap": "negative"}', "--quiet"]
-    )  # fmt: skip
-    assert res.exit_code == 0, res.output
-    prob = json.loads((tmp_path / "cut" / "generation.json").read_text())["benchmarks"]["tiny_test"][
-        "probability"
-    ]
-    assert prob == {
-        "skipped": "the task's longest answer template is 46 tokens (eos included), above max_tokens 45, "
-        "which cuts it: raise max_tokens to at least 46"
-    }
+    # a max_tokens that cuts the longest template (the negative gap's guesses: 45 tokens up to the
+    # box's closing brace, 46 with eos): skipped, saying why, since a cut template counted as correct
+    # would break the lower bound; at 45 the answer is whole (eos not needed to grade it): computed
+    for max_tokens in (44, 45):
+        out = tmp_path / f"cut{max_tokens}"
+        res = CliRunner().invoke(
+            main, ["generate", "--checkpoint", str(tiny_model_dir), "--benchmarks", "tiny_test", "--out", str(out),
+                   "--limit", "1", "--n", "1", "--max-tokens", str(max_tokens), "--tiny-task", '{"gap": "negative"}',
+                   "--quiet"]
+        )  # fmt: skip
+        assert res.exit_code == 0, res.output
+        prob = json.loads((out / "generation.json").read_text())["benchmarks"]["tiny_test"]["probability"]
+        if max_tokens == 44:
+            assert prob == {
+                "skipped": "the task's longest answer template is 45 tokens up to its box's closing brace, "
+                "above max_tokens 44, which cuts it: raise max_tokens to at least 45"
+            }
+        else:
+            assert "skipped" not in prob and 0 <= prob["prob_correct"] <= 1, prob
 
 
 @pytest.fixture(scope="module")

@@ -41,12 +41,15 @@ def task_probability(
         return {"skipped": "not the tiny model's tokenizer (the templates are its tokens)"}
     if not sampling["temperature"] or sampling["top_p"] < 1 or (sampling["top_k"] or 0) > 0:
         return {"skipped": "defined for plain sampling only (temperature > 0, top-p 1, no top-k)"}
-    if (longest := task.max_response_tokens()) > sampling["max_tokens"]:
-        # sampling cuts such a template before its box: counted as correct, prob_correct would not
-        # be the lower bound it is defined as
+    # The longest template up to its box's closing brace (max_response_tokens counts eos too): a
+    # max_tokens below it cuts that answer before it is complete, and counted as correct it would
+    # break the lower bound. At exactly its length the text is whole (graded on its text) and the
+    # template's P(text, eos) <= P(text): the bound holds.
+    if (longest := task.max_response_tokens() - 1) > sampling["max_tokens"]:
         return {
-            "skipped": f"the task's longest answer template is {longest} tokens (eos included), above "
-            f"max_tokens {sampling['max_tokens']}, which cuts it: raise max_tokens to at least {longest}"
+            "skipped": f"the task's longest answer template is {longest} tokens up to its box's closing "
+            f"brace, above max_tokens {sampling['max_tokens']}, which cuts it: raise max_tokens to at "
+            f"least {longest}"
         }
     t0 = time.perf_counter()
     _, ids = format_prompts(spec, recs, tokenizer, prompt_settings(spec, options))  # as sampling sees them

@@ -252,8 +252,8 @@ def _score(run: Path, step: int, benchmark: str, metric: str | None) -> tuple[fl
     if name not in m:
         raise PowerError(f"{path}: no metric {name!r} (metrics: {', '.join(sorted(m))})")
     if k < 2 or name != f"avg@{k}":
-        # one answer per problem: no within-problem estimate (the pilot's sd is all training); another
-        # metric than avg@k: its sampling variance is not the binomial one (the pilot leaves it unsplit)
+        # one answer per problem: no within-problem estimate; another metric than avg@k: its sampling
+        # variance is not the binomial one. Either way the pilot leaves its sd unsplit (var unused).
         var = 0.0
     else:
         per = _graded(path.with_name(f"{benchmark}.jsonl"))
