@@ -45,7 +45,7 @@ def _write_lab(root, acc, overrides, settings=SETTINGS, rules=RULES):
                 f = {**_defaults(arm, spread, rule, k), **overrides.get((arm, spread, rule, k), {})}
                 run = run_dir(root, f"{_model(arm, spread)}__tiny__{rule}__s{k}")
                 run.mkdir(parents=True)
-                ratio = (0.7 if arm == "neg" else 1.3) if rule == "token" else 1.0
+                ratio = f.get("ratio", (0.7 if arm == "neg" else 1.3) if rule == "token" else 1.0)
                 lines = []
                 for t in range(1, 13):
                     m = {"step": t, "accuracy": 0.5 + 0.01 * t, "len/gap_within": f["gap"]}
@@ -100,7 +100,7 @@ def test_decisions_are_the_preregistered_signed_statistics(tmp_path):
     assert c.sampled == pytest.approx(100 * (0.62 + 0.05 + 0.012))
     assert c.prob == pytest.approx(c.sampled - 1)
     h = decide(cells)
-    assert h["H1"] == {"decision": "holds", "violations": []}
+    assert h["H1"] == {"decision": "holds", "violations": [], "not_analysed": []}
     # token - sequence = 100 x (EFFECT + 0.003 k^2); D = pos minus neg at each spread
     tms = {(a, s, k): 100 * (EFFECT[(a, s)] + 0.003 * k * k) for a, s in EFFECT for k in SEEDS}
     d = [statistics.fmean(tms[("pos", s, k)] - tms[("neg", s, k)] for s in ("low", "high")) for k in SEEDS]
@@ -144,7 +144,8 @@ def test_a_cell_that_fails_the_gate_is_reported_not_analysed(tmp_path):
     cells = _cells(
         tmp_path,
         {
-            ("pos", "high", "token", 1): {"gap": -3.0},  # G1: the positive arm's gap turned negative
+            # G1: the positive arm's gap turned negative, and with it token's weight ratio (as in lab v3)
+            ("pos", "high", "token", 1): {"gap": -3.0, "ratio": 0.97},
             ("neg", "high", "sequence", 2): {"cv": 0.28},  # G2 (0.28 - 0.15 < 0.15) and G3 (|0.55 - 0.28|)
         },
     )
@@ -162,6 +163,13 @@ def test_a_cell_that_fails_the_gate_is_reported_not_analysed(tmp_path):
     assert h["H2"]["n"] == 1 and h["H2"]["decision"].startswith("not decidable")
     assert h["H3"]["n"] == 1 and h["H3"]["decision"].startswith("not decidable")
     assert "Cells analysed: 41 of 45." in render(cells)
+    # H1 is decided on the analysed cells too; the excluded cell's ratio is reported, not counted
+    assert h["H1"] == {
+        "decision": "holds",
+        "violations": [],
+        "not_analysed": ["tiny-pos-high__tiny__token__s1: 0.9700"],
+    }
+    assert "- H1 (weight ratios): holds (not analysed, failed a check, would violate it: " in render(cells)
 
 
 def test_the_rule_check_catches_a_cell_that_trained_another_rule(tmp_path):

@@ -25,7 +25,9 @@ tolerances and thresholds before the registration, none after results). Unit: on
 - Differences are paired within a seed; each statistic is the mean with a 95% Student-t interval
   over its paired values (``stats.t_interval``). All statistics are signed.
 - H1: token cells' mean ``agg/token/weight_ratio`` on the gap's side of 1 (above 1 for the positive
-  arm and the control); sequence and balanced within 1e-6 of 1.
+  arm and the control); sequence and balanced within 1e-6 of 1. Decided on the analysed cells, as
+  every statistic is (a cell that fails a check is "reported, not analysed"); a failed cell that
+  would violate it is listed apart (lab v3's results had counted those: docs/lab.md's notes).
 - H2: D = (token - sequence)[pos] - (token - sequence)[neg], averaged over the two spreads: one
   value per seed (so a spread effect, H3's business, is not noise here): supported if the interval
   lies above 0, contradicted if below, else inconclusive.
@@ -268,15 +270,18 @@ def _h4(v: Mapping, settings: list[tuple[str, str | None]], seeds: list[int]) ->
 
 
 def _h1(cells: list[Cell]) -> dict[str, Any]:
-    bad = []
+    """H1 over the analysed cells; ``not_analysed``: the cells a check excluded that would violate it
+    (reported, never deciding)."""
+    bad: dict[bool, list[str]] = {True: [], False: []}
     for c in cells:
         if c.rule == "token":
             ok = c.weight_ratio < 1 if c.arm == "neg" else c.weight_ratio > 1
         else:
             ok = abs(c.weight_ratio - 1.0) <= 1e-6
         if not ok:
-            bad.append(f"{c.cell}: {c.weight_ratio:.4f}")
-    return {"decision": "holds" if not bad else "does not hold", "violations": bad}
+            bad[c.analysed].append(f"{c.cell}: {c.weight_ratio:.4f}")
+    decision = "holds" if not bad[True] else "does not hold"
+    return {"decision": decision, "violations": bad[True], "not_analysed": bad[False]}
 
 
 def decide(cells: list[Cell], outcome: str = "sampled") -> dict[str, Any]:
@@ -349,8 +354,11 @@ def render_decisions(h: Mapping[str, Any], outcome: str) -> list[str]:
         f"**{OUTCOMES[outcome]}** (points; mean [95% t interval] over paired values, n after the gate):",
         "",
     ]
+    excluded = h["H1"]["not_analysed"]
     lines.append(
-        f"- H1 (weight ratios): {h['H1']['decision']}" + "".join(f"; {x}" for x in h["H1"]["violations"])
+        f"- H1 (weight ratios): {h['H1']['decision']}"
+        + "".join(f"; {x}" for x in h["H1"]["violations"])
+        + (f" (not analysed, failed a check, would violate it: {'; '.join(excluded)})" if excluded else "")
     )
     lines.append(f"- H2 D = (tok-seq)[pos] - (tok-seq)[neg]: {_fmt(h['H2'])}: {h['H2']['decision']}")
     lines.append(f"- H3 E = spread x gap interaction of tok-seq: {_fmt(h['H3'])}: {h['H3']['decision']}")
