@@ -5,6 +5,7 @@ use it without any other module being edited."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -132,3 +133,53 @@ def test_grader_entries_and_pool_tasks_resolve_their_functions_alike():
     with GradingPool(workers=1, timeout_s=30.0) as pool:
         [verdict] = pool.map("aggbench.grading.math:grade_math_item", [("\\boxed{2}", "2", None, None, None)])
     assert verdict.correct
+
+
+def test_every_command_imports_the_plugins_the_environment_names(tmp_path):
+    """The workflow's jobs run `aggbench score` / `generate` / `data fetch`, which read the benchmark
+    YAML (its grader checked then) without a --plugin option: AGGBENCH_PLUGINS, which the workflow
+    sets from the config's plugins, is imported before any command. A separate process: the
+    registry here stays the built-ins'."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    plugin = tmp_path / "toy_grader_plugin.py"
+    plugin.write_text(PLUGIN)
+    spec_path = tmp_path / "toy_bench.yaml"
+    spec_path.write_text(BENCHMARK)
+    records = load_benchmark(_spec_with_builtin_grader(tmp_path))
+    rows = [
+        {"id": r["id"], "sample": s, "response": f"so {r['answer']}", "answer": r["answer"]}
+        for r in records
+        for s in range(2)
+    ]
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    aggbench = str(Path(sys.executable).with_name("aggbench"))
+    cmd = [aggbench, "score", "--benchmark", str(spec_path), "--samples", str(samples), "--out",
+           str(tmp_path / "eval.jsonl"), "--quiet"]  # fmt: skip
+
+    def run(plugins: str | None) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k != "AGGBENCH_PLUGINS"}
+        env |= {"AGGBENCH_PLUGINS": plugins} if plugins is not None else {}
+        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    without = run(None)
+    assert without.returncode != 0 and "unknown value 'toy_suffix'" in without.stderr, without.stderr
+    ok = run("toy_grader_plugin.py")  # relative to the working directory, as the config gives it
+    assert ok.returncode == 0, ok.stderr
+    metrics = json.loads((tmp_path / "eval.metrics.json").read_text())
+    assert metrics["grader"] == "toy_suffix" and metrics["avg@2"] == 1.0
+    broken = run("no_such_plugin")
+    assert broken.returncode == 1 and "AGGBENCH_PLUGINS=no_such_plugin: plugin module 'no_such_plugin'" in (
+        broken.stderr
+    ), broken.stderr
+    assert "Traceback" not in broken.stderr
+
+
+def _spec_with_builtin_grader(tmp_path):
+    """The toy benchmark's records (the same builtin split) read with a built-in grader."""
+    path = tmp_path / "toy_bench_tiny.yaml"
+    path.write_text(BENCHMARK.replace("toy_suffix", "tiny"))
+    return load_benchmark_spec(path)

@@ -4,7 +4,8 @@ The plugin lives in a temporary folder beside the user's config (not in the repo
 PYTHONPATH), Snakemake runs in another folder, so a job's working directory is not the plugin's.
 Checks: with the existing grid done (a real run, so Snakemake holds the provenance it compares),
 `snakemake -n` schedules only the new cell's jobs (and the report, which gains a row); running it,
-the new cell's train job imports the plugin and trains with it, and the tables gain its row.
+the new cell's train job imports the plugin and trains with it, its generate and score jobs import
+it too (AGGBENCH_PLUGINS), and the tables gain its row.
 """
 
 from __future__ import annotations
@@ -95,6 +96,10 @@ def test_new_variant_schedules_only_its_cells_and_imports_in_jobs(wf, tmp_path, 
     in_train = [i for i in imports if "train" in i["argv"]]
     assert in_train, imports
     assert all(i["cwd"] == str(work) and i["cwd"] != str(plug) for i in in_train), in_train
+    # every aggbench job imports the config's plugins (AGGBENCH_PLUGINS from the workflow), so a
+    # plugin grader a benchmark YAML names is known where the spec is read: generate and score too
+    for command in ("generate", "score"):
+        assert any(command in i["argv"] for i in imports), (command, imports)
     rows = [json.loads(line) for line in (results / "runs" / NEW / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all("agg/sqrtlen/weight_ratio" in r for r in rows)  # the run's own rule is diagnosed

@@ -78,11 +78,18 @@ def _pythonpath():
     return ":".join(dict.fromkeys(dirs))
 
 
+def _plugins_env():
+    """`AGGBENCH_PLUGINS=...` for the config's plugins ('' without): every `aggbench` command imports
+    them first (aggbench.cli), so a plugin grader a benchmark YAML names works in every job."""
+    specs = config.get("plugins", [])
+    return f" AGGBENCH_PLUGINS={shlex.quote(','.join(specs))}" if specs else ""
+
+
 # Every job's shell starts with ENV: `aggbench` is the one installed beside the Python running
 # Snakemake (a venv need not be activated), and plugins must import wherever the job runs.
 ENV = (
     f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH "
-    f"PYTHONPATH={shlex.quote(_pythonpath())}${{PYTHONPATH:+:$PYTHONPATH}};"
+    f"PYTHONPATH={shlex.quote(_pythonpath())}${{PYTHONPATH:+:$PYTHONPATH}}{_plugins_env()};"
 )
 # Every non-local job also runs offline: compute nodes often are, and the local rules
 # prepare_model, prepare_data and fetch_benchmarks fetched everything from the hub beforehand.

@@ -4,13 +4,23 @@ Start-up is lazy on purpose: torch, transformers and mlflow each take seconds to
 group only knows each sub-command's module path and imports it when that command runs (or when
 `--help` of that command is asked for). A sub-command lives in its own module and exposes a
 click command named `command`.
+
+Before any command, the modules ``$AGGBENCH_PLUGINS`` names (comma-separated modules or .py files)
+are imported: the workflow sets it from the config's ``plugins:`` for every job, so a plugin's
+grader named in a benchmark YAML (checked when the spec is read) is known to the generate, score
+and fetch jobs too, not only to train, which loads its cell config's plugins itself. The verl
+integration reads the same variable.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+from pathlib import Path
 
 import click
+
+PLUGINS_ENV = "AGGBENCH_PLUGINS"
 
 # name -> (module path, one-line help shown by `aggbench --help` without importing the module)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -83,6 +93,21 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="aggbench")
 def main() -> None:
     """aggbench: loss aggregation in GRPO-style RL with verifiable rewards, reproduced."""
+    _env_plugins()
+
+
+def _env_plugins() -> None:
+    """Import ``$AGGBENCH_PLUGINS`` (relative paths from the working directory); a plugin that fails
+    to import is a one-line error naming the variable."""
+    specs = [p.strip() for p in os.environ.get(PLUGINS_ENV, "").split(",") if p.strip()]
+    if not specs:
+        return
+    from aggbench.registry import RegistryError, load_plugins
+
+    try:
+        load_plugins(specs, search_paths=[Path.cwd()])
+    except RegistryError as exc:
+        raise click.ClickException(f"{PLUGINS_ENV}={','.join(specs)}: {exc}") from None
 
 
 if __name__ == "__main__":
