@@ -82,10 +82,20 @@ def test_unknown_yaml_keys_are_named_with_allowed_keys(tmp_path: Path) -> None:
         load_benchmark_spec(_write_yaml(tmp_path, "math500", text))
     msg = str(err.value)
     assert "unknown key 'sampling.temprature'. Did you mean 'temperature'?" in msg
-    assert "Allowed keys under 'sampling': max_tokens, n, seed, temperature, top_k, top_p" in msg
+    assert "Allowed keys under 'sampling': max_tokens, n, temperature, top_k, top_p" in msg
     assert "unknown key 'promt_template'. Did you mean 'prompt_template'?" in msg
     assert "sampling.temperature: Field required" in msg
     assert str(tmp_path / "math500.yaml") in msg
+
+
+def test_a_sampling_seed_is_refused_not_ignored(tmp_path: Path) -> None:
+    """Generation is seeded by `--seed` / the evaluation's seeds (docs/evaluation.md), never by the
+    benchmark YAML: a `sampling.seed` there would read as seeding and do nothing, so it is unknown."""
+    text = (REPO / "configs/benchmarks/math500.yaml").read_text()
+    text = text.replace("temperature: 0.6", "temperature: 0.6, seed: 7")
+    assert "seed: 7" in text
+    with pytest.raises(SpecError, match=r"unknown key 'sampling\.seed'"):
+        load_benchmark_spec(_write_yaml(tmp_path, "math500", text))
 
 
 def test_a_spec_that_is_not_utf8_is_a_spec_error_naming_the_file(tmp_path: Path) -> None:

@@ -219,6 +219,17 @@ def test_each_inexact_setting_is_refused_before_training(tmp_path, name):
     assert "\n" not in str(err.value)
 
 
+def test_constant_divides_by_trls_completion_budget_not_the_batch_width(tiny_sft_model, tmp_path):
+    """Dr. GRPO's L_max through the adapter: GRPOConfig.max_completion_length (48 here, as
+    loss_type="dr_grpo" uses), not each batch's padded width (TRL pads a batch to its longest
+    completion); an instance's own max_length is kept."""
+    trainer, _ = recording_trainer(tiny_sft_model, tmp_path / "a", aggregation="constant")
+    assert trainer.aggregation.rule == "constant" and trainer.aggregation.params["max_length"] == 48
+    own = make_instance("dr_100", "constant", {"max_length": 100})
+    trainer, _ = recording_trainer(tiny_sft_model, tmp_path / "b", aggregation=own)
+    assert trainer.aggregation.params["max_length"] == 100
+
+
 def test_an_unknown_rule_lists_the_valid_names(tmp_path):
     with pytest.raises(Exception, match=r"balanced.*sequence.*token|Known: .*balanced"):
         adapter.AggregationGRPOTrainer(

@@ -63,7 +63,6 @@ class Sampling(Strict):
     top_p: float = Field(gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)  # 0 or -1: off
     max_tokens: int = Field(ge=1)
-    seed: int | None = None
 
 
 class DateWindow(Strict):

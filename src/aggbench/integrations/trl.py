@@ -208,6 +208,12 @@ def _make_trainer_class():
                 check_args(config)  # before TRL loads anything
             super().__init__(*args, **kwargs)
             check_args(self.args)  # TRL's defaults, when no config was given
+            # constant (Dr. GRPO) divides by L_max: without its own max_length, TRL's budget (as
+            # loss_type="dr_grpo"), not the batch's padded width (TRL pads each batch to its longest
+            # completion, so that divisor would change from batch to batch)
+            self.aggregation = resolve_instance(
+                self.aggregation, max_new_tokens=self.args.max_completion_length
+            )
 
         def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
             out = super()._generate_and_score_completions(inputs)
