@@ -81,7 +81,10 @@ rule fetch_benchmarks:
     a later run checks the files instead of fetching them again (`aggbench data fetch`).
     """
     output:
-        benchmark_lock(),
+        # update(): Snakemake deletes a job's outputs before running it again (a benchmark added
+        # changes params), and a rerun without the lock would fetch and lock anew whatever it read;
+        # kept, the rerun checks each fetched file against it (tests/workflow/test_fetch_rule.py)
+        update(benchmark_lock()),
     log:
         f"{R}/logs/fetch_benchmarks.log",
     params:
