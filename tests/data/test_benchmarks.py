@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import pickle
+import shutil
 import warnings
 import zlib
 from pathlib import Path
@@ -50,6 +51,15 @@ def _write_yaml(tmp_path: Path, name: str, text: str) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def _unpinned(tmp_path: Path, name: str) -> Path:
+    """The repository's spec without its offline_sha256 pin: for tests that feed it made-up rows."""
+    text = (REPO / f"configs/benchmarks/{name}.yaml").read_text()
+    lines = [line for line in text.splitlines(keepends=True) if not line.startswith("offline_sha256:")]
+    assert len(lines) == len(text.splitlines()) - 1, f"{name}.yaml pins no offline_sha256"
+    (tmp_path / "specs").mkdir(exist_ok=True)
+    return _write_yaml(tmp_path / "specs", name, "".join(lines))
 
 
 # ----------------------------------------------------------------------------- specs
@@ -292,19 +302,20 @@ def test_malformed_jsonl_names_file_line_and_field(tmp_path: Path) -> None:
     target.parent.mkdir()
     lines = [json.dumps(good), "", "{not json"]
     target.write_text("\n".join(lines) + "\n")
+    spec = _unpinned(tmp_path, "math500")  # made-up rows: the real file's pin would refuse them first
     with pytest.raises(DataError) as err:
-        load_benchmark("math500", data_dir=tmp_path)
+        load_benchmark(spec, data_dir=tmp_path)
     assert (err.value.where, err.value.line, err.value.field) == (str(target), 3, None)
     assert f"{target}:3:" in str(err.value) and "invalid JSON" in str(err.value)
 
     missing = {k: v for k, v in good.items() if k != "answer"}
     target.write_text(json.dumps(good) + "\n" + json.dumps(missing) + "\n")
     with pytest.raises(DataError, match=rf"{target}:2: field 'answer': missing"):
-        load_benchmark("math500", data_dir=tmp_path)
+        load_benchmark(spec, data_dir=tmp_path)
 
     target.write_text(json.dumps({**good, "answer": {"x": 1}}) + "\n")
     with pytest.raises(DataError, match=rf"{target}:1: field 'answer': expected text, got dict"):
-        load_benchmark("math500", data_dir=tmp_path)
+        load_benchmark(spec, data_dir=tmp_path)
 
 
 def test_minerva_solution_without_a_single_box_is_an_error(tmp_path: Path) -> None:
@@ -315,7 +326,41 @@ def test_minerva_solution_without_a_single_box_is_an_error(tmp_path: Path) -> No
     with pytest.raises(
         DataError, match=r"test.jsonl:1: field 'solution': expected exactly one \\boxed\{...\}, found 2"
     ):
-        load_benchmark("minerva", data_dir=tmp_path)
+        load_benchmark(_unpinned(tmp_path, "minerva"), data_dir=tmp_path)
+
+
+@pytest.mark.parametrize("name", ["math500", "aime24", "aime25", "olympiadbench", "minerva", "livecodebench"])
+def test_an_offline_copy_that_is_not_the_pinned_file_is_refused(
+    tmp_path: Path, shared_data: Path, name
+) -> None:
+    """Every benchmark with an offline copy pins its sha256 (PROVENANCE.md's): a truncated copy (its
+    first half, cut at a line break, still valid JSONL) is refused naming the pin, never read as a
+    smaller benchmark; the real copy reads as before."""
+    spec = load_benchmark_spec(name)
+    assert spec.offline_sha256 is not None and spec.offline_file is not None
+    assert len(load_benchmark(name, data_dir=shared_data)) > 0  # the real file passes its pin
+    data = tmp_path / "data"
+    shutil.copytree(shared_data, data)
+    copy = data / spec.offline_file
+    copy.chmod(0o644)
+    lines = copy.read_text().splitlines(keepends=True)
+    copy.write_text("".join(lines[: len(lines) // 2]))
+    with pytest.raises(
+        DataUnavailableError, match=rf"{name}: .* the spec's offline_sha256 pins {spec.offline_sha256}"
+    ):
+        load_benchmark(name, data_dir=data)
+
+
+def test_the_livecodebench_join_file_is_pinned_too(tmp_path: Path, shared_data: Path) -> None:
+    spec = load_benchmark_spec("livecodebench")
+    assert spec.offline_join is not None and spec.offline_join.sha256 is not None
+    data = tmp_path / "data"
+    shutil.copytree(shared_data, data)
+    join = data / spec.offline_join.file
+    join.chmod(0o644)
+    join.write_text(join.read_text().replace("Return", "return", 1))  # one word changed, same rows
+    with pytest.raises(DataUnavailableError, match=r"offline_join\.sha256 pins 6441538a"):
+        load_benchmark("livecodebench", data_dir=data)
 
 
 def test_missing_offline_file_without_hub_names_the_env_var(

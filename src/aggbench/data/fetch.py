@@ -66,6 +66,8 @@ def data_key(spec: Any) -> str:
     also its training dataset's, so a changed holdout needs a new fetch), 16 hex digits."""
     dumped = spec.model_dump(mode="json")
     fields = {k: dumped.get(k) for k in _DATA_FIELDS}
+    if isinstance(fields["offline_join"], dict):  # its sha256 pin checks the file, it selects nothing
+        fields["offline_join"] = {k: v for k, v in fields["offline_join"].items() if k != "sha256"}
     if getattr(spec, "holdout_of", None):  # its records are decided by its training set's spec
         from aggbench.data.holdout import training_data_key
         from aggbench.data.training import load_training_spec

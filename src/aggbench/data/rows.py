@@ -11,6 +11,7 @@ the row. The source models themselves are in :mod:`aggbench.data.sources`.
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import os
@@ -58,15 +59,21 @@ def offline_path(root: Path | None, relpath: str | None, *, name: str, has_onlin
     return None
 
 
-def offline_rows(root: Path, relpath: str, join: OfflineJoin | None = None) -> Iterator[Row]:
-    """Rows of ``root/relpath`` (JSONL), with ``join.columns`` added from a second file by row order."""
+def offline_rows(
+    root: Path, relpath: str, join: OfflineJoin | None = None, *, sha256: str | None = None, name: str = ""
+) -> Iterator[Row]:
+    """Rows of ``root/relpath`` (JSONL), with ``join.columns`` added from a second file by row order;
+    each file refused unless its sha256 is the spec's pin, where it gives one (``offline_sha256``,
+    ``offline_join.sha256``)."""
     path = root / relpath
+    _check_pin(path, sha256, "offline_sha256", name)
     if join is None:
         return ((str(path), line, row) for line, row in iter_jsonl(path))
     rows = [(str(path), line, row) for line, row in iter_jsonl(path)]
     jpath = root / join.file
     if not jpath.is_file():
         raise DataUnavailableError(f"{jpath} (offline_join.file, under ${DATA_DIR_ENV}) does not exist")
+    _check_pin(jpath, join.sha256, "offline_join.sha256", name)
     right = list(iter_jsonl(jpath))
     if len(right) != len(rows):
         raise DataError(
@@ -90,6 +97,19 @@ def offline_rows(root: Path, relpath: str, join: OfflineJoin | None = None) -> I
                     f"does not contain {join.check.left!r} of {where}:{line}; the two files are not in the same row order",
                 )
     return iter(rows)
+
+
+def _check_pin(path: Path, pinned: str | None, key: str, name: str) -> None:
+    """Refuse an offline file whose sha256 is not the spec's ``key`` (no pin: nothing to check)."""
+    if pinned is None:
+        return
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != pinned:
+        raise DataUnavailableError(
+            f"{name}: {path} has sha256 {digest}, but the spec's {key} pins {pinned}: it is not the file the "
+            f"spec was written for (another copy, or a damaged or truncated one). Put the pinned file there "
+            f"(the spec's comments say where it comes from), or unset ${DATA_DIR_ENV} to use the hub"
+        )
 
 
 def top_columns(fields: FieldMap) -> list[str]:

@@ -96,9 +96,14 @@ class UrlSource(Strict):
     @field_validator("sha256")
     @classmethod
     def _hex(cls, value: str) -> str:
-        if not _SHA256.match(value):
-            raise ValueError(f"sha256 must be 64 lowercase hex digits, got {value!r}")
-        return value
+        return check_sha256(value)
+
+
+def check_sha256(value: str | None) -> str | None:
+    """A pinned file digest: None or 64 lowercase hex digits."""
+    if value is not None and not _SHA256.match(value):
+        raise ValueError(f"sha256 must be 64 lowercase hex digits, got {value!r}")
+    return value
 
 
 class BuiltinSource(Strict):
@@ -154,6 +159,12 @@ class OfflineJoin(Strict):
     by: Literal["row_order"] = "row_order"
     columns: list[str]
     check: JoinCheck | None = None
+    sha256: str | None = Field(None, description="the join file's sha256: another file is refused")
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: str | None) -> str | None:
+        return check_sha256(value)
 
 
 def check_relative(value: str | None) -> str | None:

@@ -34,6 +34,7 @@ from aggbench.data.sources import (
     Strict,
     UrlSource,
     check_relative,
+    check_sha256,
     looks_like_path,
     read_spec,
     resolve_config,
@@ -60,6 +61,8 @@ class DataSpec(Strict):
     hub: HubSource | None = None
     url: UrlSource | None = None
     offline_file: str | None = None
+    # the offline file's sha256 (PROVENANCE of the copy): another, damaged or truncated file is refused
+    offline_sha256: str | None = None
     builtin: BuiltinSource | None = None
     fields: FieldMap | None = None
     answer_transform: Literal["none", "integer"] = "none"
@@ -73,6 +76,11 @@ class DataSpec(Strict):
     @classmethod
     def _relative(cls, value: str | None) -> str | None:
         return check_relative(value)
+
+    @field_validator("offline_sha256")
+    @classmethod
+    def _hex(cls, value: str | None) -> str | None:
+        return check_sha256(value)
 
     def _check_sources(self, sources: str, *, other_source: bool = False) -> list[tuple[str, FieldMap]]:
         """The source checks every spec makes (called from the subclass's model validator).
@@ -119,7 +127,8 @@ class DataSpec(Strict):
         path = offline_path(root, self.offline_file, name=self.name, has_online=online)
         if path is not None:
             assert root is not None and self.offline_file is not None
-            return SpecRows(offline_rows(root, self.offline_file, join), str(path), fields, True)
+            rows = offline_rows(root, self.offline_file, join, sha256=self.offline_sha256, name=self.name)
+            return SpecRows(rows, str(path), fields, True)
         if self.hub is not None:
             fields = self.hub.fields or fields
             rows = hub_rows(
