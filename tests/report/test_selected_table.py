@@ -176,3 +176,17 @@ def test_test_problems_a_selection_split_holds_are_noted_under_the_selected_tabl
         col, overlaps={("tiny_val", "other"): Shared(2), ("tiny_val", "tiny_test"): Shared(0)}
     )
     assert "verbatim" not in to_markdown(plain["selected"], "x") + to_markdown(plain["last"], "x")
+
+
+def test_a_base_run_whose_mlflow_values_differ_from_its_files_is_flagged_and_noted():
+    """--allow-mismatch tables a cell whose MLflow data differ from its files flagged; the base
+    run's row was never flagged (so it could be bold, its number the one in doubt)."""
+    from aggbench.report.ingest import base_id
+
+    col = _collected(None)
+    plain = build_tables(col)
+    assert not _row(plain["last"][0], "base (step 0)").flagged
+    tables = build_tables(col, mismatched={base_id("tiny")})
+    for table in [*tables["peak"], *tables["last"]]:
+        assert _row(table, "base (step 0)").flagged, table.definition
+        assert f"base: {base_id('tiny')}: MLflow differs from the run files" in "\n".join(table.notes)

@@ -248,7 +248,7 @@ def report_command(config: Path, out: Path | None, metric: str, allow_mismatch: 
     click.echo(ui_hint(client, uri, exp["experiment"]))
     flagged = sorted({n for t in tables["last"] for n in t.notes})
     if flagged:
-        click.echo(f"{len(flagged)} row note(s) (missing or unfinished cells), see the footnotes", err=True)
+        click.echo(f"{len(flagged)} note(s) under the last-step tables, see their footnotes", err=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -94,7 +94,11 @@ def to_markdown(tables: Sequence[Table], heading: str) -> str:
             ]
             parts.append("| " + " | ".join([label, *step, *cells_]) + " |")
         if t.notes:
-            parts += ["", "† missing or unfinished, never dropped:"]
+            # not all of them flag a row: overlap, context and ledger notes are read, not flagged
+            parts += [
+                "",
+                "Notes († flags a row whose cells are missing, unfinished or in doubt; never dropped):",
+            ]
             parts += [f"- {n}" for n in t.notes]
         parts.append("")
     return "\n".join(parts)

@@ -362,6 +362,11 @@ def build_tables(
             base_id(model), col.base_problems.get(model, {}), groups, col.benchmarks, benches
         )
         notes += sizes if col.base_expected else []
+        base_bad = col.base_expected and base_id(model) in bad  # its MLflow values differ from its files
+        if base_bad:
+            notes.append(
+                f"base: {base_id(model)}: MLflow differs from the run files (reported with --allow-mismatch)"
+            )
         notes += training_overlap_notes(dataset, benches, trained or {})
         n_seeds = max((len(s) for s in groups.values()), default=0)
         for definition in definitions:
@@ -376,7 +381,9 @@ def build_tables(
                     [statistics.fmean(base_vals[b] for b in benches)] if not missing_base else [], 0
                 )
                 entries[DROP] = Entry()
-                rows.append(Row(BASE_LABEL, "base", entries, 0, bool(missing_base) or base_unequal))
+                rows.append(
+                    Row(BASE_LABEL, "base", entries, 0, bool(missing_base) or base_unequal or base_bad)
+                )
             for rule, seeds in groups.items():
                 steps_text = None
                 if definition == "selected":
