@@ -41,6 +41,7 @@ INPUT_ERRORS: dict[str, type[Exception]] = {
     "BatchInputError": ValueError,
     "AdapterConfigError": ValueError,
     "RunLockedError": RuntimeError,
+    "LockUnsupportedError": OSError,
     "CheckpointError": ValueError,
     "DiskFullError": OSError,
     "PowerError": ValueError,

@@ -28,6 +28,9 @@ CONTEXT_NOTES = dict(
     )
 )
 
+# a run whose MLflow data differ from its files, tabled with `aggbench report --allow-mismatch`
+MISMATCH_NOTE = "MLflow differs from the run files (reported with --allow-mismatch)"
+
 
 def _context_notes(context: Mapping[str, Mapping[str, Mapping[int, float]]]) -> list[str]:
     """One note per (kind, benchmark) the context policy touched at some step (aggbench.evaluation.
@@ -160,7 +163,7 @@ def cell_notes(
         for c in seeds:
             why = [w for w in [c.issue(benchmarks)] if w]  # the selection benchmarks too
             if c.cell.id in bad:
-                why.append("MLflow differs from the run files (reported with --allow-mismatch)")
+                why.append(MISMATCH_NOTE)
             if why:
                 flagged.add(rule)
                 notes.append(f"{rule}: {c.cell.id}: {'; '.join(why)}")

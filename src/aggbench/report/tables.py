@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 from aggbench import grid
 from aggbench.report.collect import CellData, Collected
 from aggbench.report.ingest import base_id
-from aggbench.report.notes import base_problem_notes, cell_notes, training_overlap_notes
+from aggbench.report.notes import MISMATCH_NOTE, base_problem_notes, cell_notes, training_overlap_notes
 from aggbench.report.stats import peak_to_last, t_interval
 
 if TYPE_CHECKING:
@@ -363,10 +363,7 @@ def build_tables(
         )
         notes += sizes if col.base_expected else []
         base_bad = col.base_expected and base_id(model) in bad  # its MLflow values differ from its files
-        if base_bad:
-            notes.append(
-                f"base: {base_id(model)}: MLflow differs from the run files (reported with --allow-mismatch)"
-            )
+        notes += [f"base: {base_id(model)}: {MISMATCH_NOTE}"] if base_bad else []
         notes += training_overlap_notes(dataset, benches, trained or {})
         n_seeds = max((len(s) for s in groups.values()), default=0)
         for definition in definitions:

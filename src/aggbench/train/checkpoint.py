@@ -21,6 +21,7 @@ caught too (on resume here, on evaluation by ``modeldir.require_model_dir``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -51,6 +52,14 @@ SHARDED_DIR = "sharded"
 
 class RunLockedError(InputError, RuntimeError):
     """The run directory is locked by another job (the message names the holder)."""
+
+
+class LockUnsupportedError(InputError, OSError):
+    """The run directory's filesystem takes no flock (Lustre mounted without ``-o flock``, say)."""
+
+
+# flock's answer on a filesystem that implements no locks (ENOSYS, EOPNOTSUPP) or cannot take more
+NO_LOCKS = (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK)
 
 
 class CheckpointError(ModelDirError):
@@ -84,6 +93,16 @@ class RunLock:
             raise RunLockedError(
                 f"run directory {self.path.parent} is being trained by {holder}; "
                 "wait for it or kill it (the lock frees itself when that process dies)"
+            ) from None
+        except OSError as exc:
+            self._fh.close()
+            if exc.errno not in NO_LOCKS:
+                raise
+            raise LockUnsupportedError(
+                f"run directory {self.path.parent}: its filesystem takes no flock ({errno.errorcode[exc.errno]}; "
+                "Lustre mounted without -o flock, say), so the lock that keeps an orphaned job and its "
+                "rerun from training the same run cannot be taken; put results_dir on a filesystem "
+                "with flock (ask for -o flock, not localflock, which locks per node only)"
             ) from None
         self._fh.seek(0)
         self._fh.truncate()
