@@ -71,6 +71,30 @@ def resource_problems(exp: dict) -> list[str]:
     return out
 
 
+def partial_keys(exp: dict) -> list[str]:
+    """Pass-through keys (not the workflow's own) that some models set for a rule and others leave
+    unset, with no config-wide value: Snakemake then declares the key for the whole rule, so the
+    other models' jobs go without it, the SLURM profile's default-resources value included (a
+    rule's resource replaces the profile's default for all its jobs). One warning each."""
+    models = exp.get("models") or {}
+    top = exp.get("resources") or {}
+    per = {m: (spec or {}).get("resources") or {} for m, spec in models.items()}
+    out = []
+    for rule in sorted({r for res in per.values() for r in res}):
+        keys = {k for res in per.values() for k in (res.get(rule) or {}) if k not in RESOURCE_KEYS}
+        for key in sorted(keys - set(top.get(rule) or {})):
+            unset = [m for m in models if key not in (per[m].get(rule) or {})]
+            if unset:
+                have = [m for m in models if m not in unset]
+                out.append(
+                    f"resources: {rule}.{key} is set for {', '.join(have)} but not for {', '.join(unset)} nor "
+                    f"under resources.{rule}: their {rule} jobs are submitted without it, and the SLURM "
+                    f"profile's default-resources value of {key} does not reach them either (the rule's "
+                    f"resource replaces it for all its jobs); set it for every model, or under resources.{rule}"
+                )
+    return out
+
+
 def requests_gpus(exp: dict, sections: tuple[str, ...] = ("train", "generate", "generate_base")) -> bool:
     """Whether any model's job of these rule sections asks for a GPU (then the grid is meant for a
     cluster); each model's value already falls back to the config's."""

@@ -87,3 +87,22 @@ def test_a_config_fault_is_an_error_and_the_last_line_says_not_ok(tmp_path):
     lines = res.output.strip().splitlines()
     assert "benchmarks: unknown benchmark 'math5000'" in res.output and "Traceback" not in res.output
     assert lines[-1] == f"NOT OK: {cfg} has the problems above; fix them and check again"
+
+
+def test_a_slurm_key_set_for_one_model_only_is_a_warning_naming_the_others(tmp_path):
+    """Snakemake declares a resource for the whole rule once any job has it, so the other models'
+    jobs would go without it, the profile's default-resources value included: a warning naming
+    them, gone once the key is set config-wide."""
+    exp = yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())
+    exp["models"]["qwen2.5-math-7b"]["resources"]["train"]["slurm_partition"] = "gpu"
+    cfg = _config(tmp_path, "paper.yaml", models=exp["models"])
+    warnings = json.loads(_check("--config", str(cfg), "--format", "json").output)["warnings"]
+    [partial] = [w for w in warnings if w.startswith("resources: ")]
+    assert partial.startswith(
+        "resources: train.slurm_partition is set for qwen2.5-math-7b but not for qwen3-1.7b nor under "
+        "resources.train: their train jobs are submitted without it"
+    ), partial
+    exp["resources"]["train"] = {"slurm_partition": "gpu"}
+    cfg = _config(tmp_path, "paper.yaml", models=exp["models"], resources=exp["resources"])
+    warnings = json.loads(_check("--config", str(cfg), "--format", "json").output)["warnings"]
+    assert not [w for w in warnings if w.startswith("resources: ")], warnings

@@ -8,12 +8,14 @@ import os
 from aggbench import layout
 from aggbench.data.fetch import unfetched
 from aggbench.grid import results_dir
+from aggbench.resources import partial_keys
 
 
 def readiness_warnings(exp: dict, *, cluster: bool, config: str = "CONFIG") -> list[str]:
     """What is not wrong with a valid grid but will not work, or will cost a download, as it stands:
-    a null ``tracking_uri`` on a cluster (``cluster``: a cluster profile, or GPUs requested),
-    benchmarks without fetched data, holdout splits the split check cannot compare, models without a
+    a null ``tracking_uri`` on a cluster (``cluster``: a cluster profile, or GPUs requested), a
+    SLURM key set for some models' jobs only (:func:`aggbench.resources.partial_keys`), benchmarks
+    without fetched data, holdout splits the split check cannot compare, models without a
     prepared directory. Each names the fix."""
     out, root = [], results_dir(exp)
     if cluster and exp.get("tracking_uri") is None and not os.environ.get("MLFLOW_TRACKING_URI"):
@@ -24,6 +26,7 @@ def readiness_warnings(exp: dict, *, cluster: bool, config: str = "CONFIG") -> l
             "name than localhost's and private IPs') and set tracking_uri: http://LOGIN-NODE:5000 (or "
             "export MLFLOW_TRACKING_URI); docs/workflow.md, 'Running the paper grid on a SLURM cluster'"
         )
+    out += partial_keys(exp) if cluster else []
     data = layout.benchmark_data_dir(root)
     missing = unfetched(exp["benchmarks"], data)
     if missing:
