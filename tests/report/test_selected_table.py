@@ -190,3 +190,21 @@ def test_a_base_run_whose_mlflow_values_differ_from_its_files_is_flagged_and_not
     for table in [*tables["peak"], *tables["last"]]:
         assert _row(table, "base (step 0)").flagged, table.definition
         assert f"base: {base_id('tiny')}: MLflow differs from the run files" in "\n".join(table.notes)
+
+
+def test_drop_leaves_out_a_seed_whose_run_ends_before_the_others():
+    """drop = peak - last of the benchmark average, per seed then over seeds. A seed stopped at step 8,
+    its peak, would read 0 ("stable") over a shorter run: it is left out, and the cell says n=2."""
+    from aggbench.report.tables import _drop
+
+    full = {"tiny_test": {4: 50.0, 8: 60.0, 12: 55.0}}  # drop 5
+    other = {"tiny_test": {4: 50.0, 8: 62.0, 12: 55.0}}  # drop 7
+    short = {"tiny_test": {4: 50.0, 8: 60.0}}  # unfinished: peak = last
+    seeds = [
+        CellData(grid.Cell(f"tiny__tiny__token__s{k}", "tiny", "tiny", "token", k), "run", k < 2, 12, list(STEPS),
+                 evals=evals)
+        for k, evals in enumerate([full, other, short])
+    ]  # fmt: skip
+    e = _drop(seeds, ["tiny_test"])
+    assert (e.mean, e.n) == (6.0, 2)
+    assert _drop(seeds[:2], ["tiny_test"]).mean == 6.0  # the same as without the short seed

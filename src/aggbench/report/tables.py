@@ -51,7 +51,7 @@ from aggbench import grid
 from aggbench.report.collect import CellData, Collected
 from aggbench.report.ingest import base_id
 from aggbench.report.notes import MISMATCH_NOTE, base_problem_notes, cell_notes, training_overlap_notes
-from aggbench.report.stats import peak_to_last, t_interval
+from aggbench.report.stats import average_curve, curve_drop, t_interval
 
 if TYPE_CHECKING:
     from aggbench.data.overlap import Overlap
@@ -144,9 +144,12 @@ def _boot(have: Sequence[CellData], bench: str, step: int | None) -> tuple[float
 
 
 def _drop(seeds: Sequence[CellData], benches: Sequence[str]) -> Entry:
-    """The peak-to-last drop: per seed, then over seeds (an entry like any other, in points)."""
-    drops = [d for d in (peak_to_last(c.evals, benches) for c in seeds) if d is not None]
-    return _entry(drops, None)
+    """The peak-to-last drop: per seed, then over seeds (an entry like any other, in points). A seed
+    whose average curve ends before the last step any seed reached is left out, so the cell shows
+    its n: its drop would be over a shorter run (a run stopped at its peak reads 0, "stable")."""
+    curves = [c for c in (average_curve(s.evals, benches) for s in seeds) if c]
+    last = max((max(c) for c in curves), default=None)
+    return _entry([curve_drop(c) for c in curves if max(c) == last], None)
 
 
 def _argmax(curve: Mapping[int, float]) -> int | None:
