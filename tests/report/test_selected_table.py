@@ -208,3 +208,17 @@ def test_drop_leaves_out_a_seed_whose_run_ends_before_the_others():
     e = _drop(seeds, ["tiny_test"])
     assert (e.mean, e.n) == (6.0, 2)
     assert _drop(seeds[:2], ["tiny_test"]).mean == 6.0  # the same as without the short seed
+
+
+def test_a_cell_evaluated_at_steps_the_grid_no_longer_has_is_flagged():
+    """total_steps lowered (or evaluation.every coarsened) after a cell ran: its evaluations at the
+    steps the grid no longer has still enter its peaks and drop, so its row is flagged and says
+    which steps, never bold."""
+    col = _collected(None)
+    token = [c for c in col.cells if c.cell.aggregation == "token"]
+    for c in token:
+        c.evals["tiny_test"][16] = c.evals["tiny_val"][16] = 99.0
+    assert "evaluated at steps 16 that the grid does not evaluate now" in token[0].issue(col.benchmarks)
+    peak = build_tables(col)["peak"][0]
+    row = _row(peak, "token")
+    assert row.flagged and not any(e.best for e in row.entries.values())

@@ -98,6 +98,11 @@ class CellData:
         have = self.complete_steps(benchmarks)
         if not set(self.expected) <= set(have):
             parts.append(f"evaluated at steps {_steps(have)} of {_steps(self.expected)}")
+        if extra := sorted(set(have) - set(self.expected)):  # its peaks and drop run over them too
+            parts.append(
+                f"evaluated at steps {_steps(extra)} that the grid does not evaluate now (total_steps or "
+                "evaluation.every changed since it ran): tabled with the others"
+            )
         return "; ".join(parts) or None
 
 
