@@ -14,6 +14,9 @@ different step from the selected one in both rows.
 
 from __future__ import annotations
 
+import csv
+import io
+
 import pytest
 
 from aggbench import grid
@@ -86,6 +89,11 @@ def test_the_selected_table_is_named_so_it_cannot_be_taken_for_a_peak(tmp_path):
     assert "| token | s0@8 s1@12 | **47.5" in md
     csv_text = to_csv(tables["selected"])
     assert "selected,tiny,tiny,avg@4,token,rule,tiny_test,47.5" in csv_text
+    rows = list(csv.DictReader(io.StringIO(csv_text)))
+    token = next(r for r in rows if (r["row"], r["column"]) == ("token", "tiny_test"))
+    assert token["step"] == "s0@8 s1@12"  # the seeds chose different steps: the CSV keeps which
+    seq = next(r for r in rows if (r["row"], r["column"]) == ("sequence", "tiny_test"))
+    assert seq["step"] == "4"
     paths = write_tables(tables, tmp_path, "sel")
     assert {p.name for p in paths} >= {"selected.md", "selected.csv", "selected.tex", "peak.md", "last.md"}
     peak_md = (tmp_path / "peak.md").read_text()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from aggbench.report.collect import Collected
-    from aggbench.report.tables import Entry, Table
+    from aggbench.report.tables import Entry, Row, Table
 
 
 def _num(x: float) -> str:
@@ -113,6 +113,15 @@ CSV_FIELDS = [
 TIDY_FIELDS = ["model", "dataset", "aggregation", "seed", "cell_id", "benchmark", "step", "value"]
 
 
+def _csv_step(e: Entry, r: Row, column: str) -> int | str:
+    """The entry's step; where its seeds chose different steps (the selected table), the row's
+    chosen steps as the Markdown shows them ("s0@8 s1@4"), so the CSV does not lose which (not
+    under drop, which is over the whole curve)."""
+    if e.step is not None:
+        return e.step
+    return r.steps_text or "" if e.mean is not None and column != "drop" else ""
+
+
 def to_csv(tables: Sequence[Table]) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
@@ -127,7 +136,7 @@ def to_csv(tables: Sequence[Table]) -> str:
                         "table": t.definition, "model": t.model, "dataset": t.dataset, "metric": t.metric,
                         "row": r.label, "kind": r.kind, "column": c, "mean": opt(e.mean), "std": opt(e.std),
                         "ci_low": opt(e.low), "ci_high": opt(e.high), "interval": e.interval or "",
-                        "n_seeds": e.n, "step": "" if e.step is None else e.step, "reported": opt(e.reported),
+                        "n_seeds": e.n, "step": _csv_step(e, r, c), "reported": opt(e.reported),
                         "delta": opt(e.delta), "best": int(e.best), "flagged": int(r.flagged),
                     }
                 )  # fmt: skip
