@@ -52,6 +52,18 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
 
+onstart:
+    # jobs submitted to a cluster with the embedded SQLite store: say so where the user looks,
+    # not only in `aggbench grid check` (the executor is known here, not at parse time)
+    if workflow.non_local_exec and not workflow.remote_exec:
+        from snakemake.logging import logger
+
+        from aggbench.plan.readiness import sqlite_on_cluster
+
+        if warning := sqlite_on_cluster(config):
+            logger.warning(f"WARNING: {warning}")
+
+
 rule all:
     default_target: True
     input:

@@ -89,6 +89,8 @@ def test_minimal_grid_runs_through_the_slurm_profile(wf, tmp_path, tiny_model):
     wall = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     print(f"\nSLURM leg: {wall:.0f} s wall")
+    # no tracking server: the workflow says so when it submits, not only `aggbench grid check`
+    assert "WARNING: tracking_uri is null, so every job would write one SQLite file" in out, out[-3000:]
 
     # what Snakemake ran, by rule
     ran = Counter(j["rule"] for j in wf.jobs(out))

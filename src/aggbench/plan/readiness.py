@@ -18,14 +18,7 @@ def readiness_warnings(exp: dict, *, cluster: bool, config: str = "CONFIG") -> l
     without fetched data, holdout splits the split check cannot compare, models without a
     prepared directory. Each names the fix."""
     out, root = [], results_dir(exp)
-    if cluster and exp.get("tracking_uri") is None and not os.environ.get("MLFLOW_TRACKING_URI"):
-        out.append(
-            f"tracking_uri is null, so every job would write one SQLite file, {layout.mlflow_db(root)}, on a "
-            "shared filesystem, whose locks are unsafe across nodes: start an MLflow server on the login "
-            "node (with --allowed-hosts naming LOGIN-NODE:5000: MLflow answers 403 to any other host "
-            "name than localhost's and private IPs') and set tracking_uri: http://LOGIN-NODE:5000 (or "
-            "export MLFLOW_TRACKING_URI); docs/workflow.md, 'Running the paper grid on a SLURM cluster'"
-        )
+    out += [w for w in [sqlite_on_cluster(exp)] if w and cluster]
     out += partial_keys(exp) if cluster else []
     data = layout.benchmark_data_dir(root)
     missing = unfetched(exp["benchmarks"], data)
@@ -42,6 +35,20 @@ def readiness_warnings(exp: dict, *, cluster: bool, config: str = "CONFIG") -> l
             "the DAG's local rule prepare_model downloads (or builds) each on the login node first"
         )
     return out
+
+
+def sqlite_on_cluster(exp: dict) -> str | None:
+    """The warning for a cluster run with no tracking server (None when one is set): also printed by
+    the workflow when it submits jobs (the Snakefile's onstart), not only by ``grid check``."""
+    if exp.get("tracking_uri") is not None or os.environ.get("MLFLOW_TRACKING_URI"):
+        return None
+    return (
+        f"tracking_uri is null, so every job would write one SQLite file, {layout.mlflow_db(results_dir(exp))}, "
+        "on a shared filesystem, whose locks are unsafe across nodes: start an MLflow server on the login "
+        "node (with --allowed-hosts naming LOGIN-NODE:5000: MLflow answers 403 to any other host "
+        "name than localhost's and private IPs') and set tracking_uri: http://LOGIN-NODE:5000 (or "
+        "export MLFLOW_TRACKING_URI); docs/workflow.md, 'Running the paper grid on a SLURM cluster'"
+    )
 
 
 def unchecked_splits(exp: dict) -> list[str]:
