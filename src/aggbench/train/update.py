@@ -237,6 +237,19 @@ def accumulate_gradients(
     return stats
 
 
+def _check_prefix(mask: Tensor) -> None:
+    """mask [B, T]: each row's scored tokens come first. The global view is rebuilt from each row's
+    token count (``gather_minibatch``), so a mask with holes (a masked tool turn, say) would put the
+    rule's weights on other tokens: refused here instead of trained on silently."""
+    prefix = torch.arange(mask.shape[1], device=mask.device) < mask.sum(1, keepdim=True)
+    if not torch.equal(mask.bool(), prefix):
+        rows = (mask.bool() != prefix).any(1).nonzero().flatten().tolist()
+        raise RuntimeError(
+            f"update(): the loss mask of rows {rows[:5]} has holes (a masked token before a scored one); "
+            "the whole-batch weights are rebuilt from token counts, so they would land on other tokens"
+        )
+
+
 def update(
     policy: Policy,
     scored: ScoredBatch,
@@ -263,6 +276,7 @@ def update(
             if policy.ref_model is not None
             else None
         )
+    _check_prefix(mask)
     view = gather_minibatch(mask.sum(1), scored.advantages, scored.group_ids)  # every rank's rows
     view.mask = _widen(view.mask, ranks.max_over_ranks(mask.shape[1]))  # the batch's width
     row_map = view.row_map()  # position in the view -> this rank's row (-1: another rank's)
