@@ -72,8 +72,10 @@ def test_new_variant_schedules_only_its_cells_and_imports_in_jobs(wf, tmp_path, 
     }
     assert str(plug) not in env["PYTHONPATH"]
 
-    # ---- the existing grid, run for real (Snakemake records what each job ran with)
-    wf.run([*base, "--configfile", str(old)], cwd=work)
+    # ---- the existing grid, run for real (Snakemake records what each job ran with); a plugin
+    # variable in the user's shell (verl's docs suggest one) does not reach a grid without plugins
+    stray = {**os.environ, "AGGBENCH_PLUGINS": "no_such_plugin.py"}
+    wf.run([*base, "--configfile", str(old)], cwd=work, env=stray)
     assert "sqrtlen" not in (results / "tables" / "last.md").read_text()
 
     # ---- the new instance: only its cell's jobs, plus the report that gains its row

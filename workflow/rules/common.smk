@@ -79,10 +79,10 @@ def _pythonpath():
 
 
 def _plugins_env():
-    """`AGGBENCH_PLUGINS=...` for the config's plugins ('' without): every `aggbench` command imports
-    them first (aggbench.cli), so a plugin grader a benchmark YAML names works in every job."""
-    specs = config.get("plugins", [])
-    return f" AGGBENCH_PLUGINS={shlex.quote(','.join(specs))}" if specs else ""
+    """`AGGBENCH_PLUGINS=...` for the config's plugins: every `aggbench` command imports them first
+    (aggbench.cli), so a plugin grader a benchmark YAML names works in every job. Set empty without
+    plugins: a value in the user's shell (verl's docs suggest one) must not reach the jobs."""
+    return f" AGGBENCH_PLUGINS={shlex.quote(','.join(config.get('plugins', [])))}"
 
 
 # Every job's shell starts with ENV: `aggbench` is the one installed beside the Python running

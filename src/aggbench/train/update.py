@@ -267,6 +267,8 @@ def update(
     """
     model, loss = policy.model, settings.loss
     batch, mask = scored.batch, scored.mask
+    _check_prefix(mask)  # before the forward passes (a rank refusing alone still leaves the others
+    # waiting in the all-gather below; no current path makes such a mask)
     with ranks.full_params(model):
         multi = settings.ppo_epochs * settings.mini_batches > 1
         old = fixed_logprobs(model, batch, loss, policy.autocast) if multi else None
@@ -276,7 +278,6 @@ def update(
             if policy.ref_model is not None
             else None
         )
-    _check_prefix(mask)
     view = gather_minibatch(mask.sum(1), scored.advantages, scored.group_ids)  # every rank's rows
     view.mask = _widen(view.mask, ranks.max_over_ranks(mask.shape[1]))  # the batch's width
     row_map = view.row_map()  # position in the view -> this rank's row (-1: another rank's)
