@@ -88,12 +88,7 @@ def checksum_mismatch(directory: Path) -> tuple[Path, str] | None:
     sums = recorded.get("sha256") if isinstance(recorded, dict) else None
     if not isinstance(sums, dict):
         return None
-    stats = []
-    for f in sorted(Path(directory).rglob("*")):
-        with contextlib.suppress(OSError):
-            st = f.stat()
-            stats.append((str(f), st.st_size, st.st_mtime_ns))
-    key = (str(marker.resolve()), tuple(stats))
+    key = _verified_key(Path(directory))
     if key in _VERIFIED:
         return None
     for rel, want in sorted(sums.items()):
@@ -110,6 +105,22 @@ def checksum_mismatch(directory: Path) -> tuple[Path, str] | None:
             )
     _VERIFIED.add(key)
     return None
+
+
+def _verified_key(directory: Path) -> tuple:
+    """What a verdict of :func:`checksum_mismatch` holds for: the marker and every file's size and mtime."""
+    stats = []
+    for f in sorted(directory.rglob("*")):
+        with contextlib.suppress(OSError):
+            st = f.stat()
+            stats.append((str(f), st.st_size, st.st_mtime_ns))
+    return (str((directory / COMPLETE).resolve()), tuple(stats))
+
+
+def mark_verified(directory: Path) -> None:
+    """Record that another process (rank 0 of the job) found ``directory`` intact: this process's
+    :func:`checksum_mismatch` skips it while no file's size or mtime changes."""
+    _VERIFIED.add(_verified_key(Path(directory)))
 
 
 def require_weights(path: str | Path, *, what: str, fix: str) -> Path:

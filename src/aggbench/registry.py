@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator
@@ -92,6 +93,16 @@ def _origin(entry: object) -> str:
     module = getattr(fn, "__module__", "?")
     qualname = getattr(fn, "__qualname__", repr(fn))
     return f"{module}.{qualname}"
+
+
+PLUGINS_ENV = "AGGBENCH_PLUGINS"
+
+
+def env_plugins() -> list[str]:
+    """The plugin modules ``$AGGBENCH_PLUGINS`` names (comma-separated; blanks dropped). The
+    workflow sets it in every job, empty without plugins; ``aggbench`` commands and the verl
+    adapter import these before anything looks up a registry."""
+    return [p.strip() for p in os.environ.get(PLUGINS_ENV, "").split(",") if p.strip()]
 
 
 def load_plugins(modules: Iterable[str], *, search_paths: Iterable[str | Path] = ()) -> list[str]:

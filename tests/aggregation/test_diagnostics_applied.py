@@ -71,7 +71,9 @@ def test_step_metrics_use_the_minibatches_of_the_update():
     view = GlobalView(mask=mask, advantages=adv, group_ids=GIDS, offset=0, count=4)
     zeros = torch.zeros(mask.shape, dtype=torch.float64)
     upd = UpdateTotals(0.0, 0.0, 0.0, 0.0, 20.0, 0.0, 2, zeros, view, zeros.float(), minibatches=MINIBATCHES)
-    part = RankPart(REWARDS.tolist(), [True] * 4, zeros, [], SamplingStats(1, 2, 0, 2, 4))
+    part = RankPart(
+        REWARDS.tolist(), [True] * 4, [int(n) for n in mask.sum(1)], zeros, [], SamplingStats(1, 2, 0, 2, 4)
+    )
 
     rule = make_instance("token", "token", None)
     row = record(step=1, parts=[part], rule=rule, totals=upd, timing=StepTiming(0.0, 0.0), lr=1e-3)

@@ -299,7 +299,7 @@ def test_a_cells_step_0_copy_is_for_curves_not_for_its_peak(tmp_path):
     tables read a rule's checkpoints only: a rule that never beats the base still peaks at a
     trained step, and the base value stays in the base row."""
     from aggbench.report.collect import collect
-    from aggbench.report.stats import peak_to_last
+    from aggbench.report.stats import average_curve, curve_drop
 
     worse = {b: {4: 0.01, 8: 0.03, 12: 0.02} for b in rf.BENCHES}  # every value below rf.BASE
     config = rf.make_grid(tmp_path, evals={("token", 0): worse})
@@ -314,7 +314,7 @@ def test_a_cells_step_0_copy_is_for_curves_not_for_its_peak(tmp_path):
     assert {b: sorted(v) for b, v in token.evals.items()} == {b: [4, 8, 12] for b in rf.BENCHES}
     assert got.base["tiny"] == pytest.approx({b: 100.0 * v for b, v in rf.BASE.items()})  # percent
     # peak 3% (step 8) minus last 2%; with step 0 (10%/5%) counted it would be 7.5 - 2 points
-    assert peak_to_last(token.evals, list(rf.BENCHES)) == pytest.approx(1.0)
+    assert curve_drop(average_curve(token.evals, list(rf.BENCHES))) == pytest.approx(1.0)
 
 
 def test_mlflow_values_without_files_behind_them_are_errors_until_ingest_rebuilds_the_run(tmp_path):

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from aggbench.report.stats import average_curve, peak_to_last, t_interval, t_quantile
+from aggbench.report.stats import average_curve, curve_drop, t_interval, t_quantile
 
 
 def test_t_quantiles_are_the_textbook_ones():
@@ -29,10 +29,10 @@ def test_t_interval_by_hand():
         t_interval([1.0])
 
 
-def test_peak_to_last_uses_the_average_over_benchmarks_at_complete_steps():
+def test_drop_uses_the_average_over_benchmarks_at_complete_steps():
     evals = {"a": {4: 0.2, 8: 0.6, 12: 0.3, 16: 0.9}, "b": {4: 0.4, 8: 0.4, 12: 0.3}}
     # step 16 lacks b: not a point of the curve
     assert average_curve(evals, ["a", "b"]) == pytest.approx({4: 0.3, 8: 0.5, 12: 0.3})
-    assert peak_to_last(evals, ["a", "b"]) == pytest.approx(0.2)  # peak .5 at 8, last .3 at 12
-    assert peak_to_last({"a": {4: 0.1, 8: 0.5}}, ["a"]) == 0.0  # last is the peak
-    assert peak_to_last({"a": {4: 0.1}, "b": {8: 0.5}}, ["a", "b"]) is None
+    assert curve_drop(average_curve(evals, ["a", "b"])) == pytest.approx(0.2)  # peak .5 at 8, last .3 at 12
+    assert curve_drop(average_curve({"a": {4: 0.1, 8: 0.5}}, ["a"])) == 0.0  # last is the peak
+    assert average_curve({"a": {4: 0.1}, "b": {8: 0.5}}, ["a", "b"]) == {}  # no step has both

@@ -214,3 +214,35 @@ def test_cli_names_an_empty_trainer_state_instead_of_aborted(tmp_path, trained):
     assert "Aborted!" not in proc.stderr
     assert f"Error: {state} is unreadable (empty file); delete" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_a_resume_hashes_the_checkpoint_on_rank_0_only(tmp_path, trained, monkeypatch):
+    """Rank 0 hashes step_N and broadcasts the verdict: another rank reads no checkpoint byte for
+    the checksums (a 7B segment's shards, once per rank, were the reviewer's ~1 TB), and its later
+    check before loading does not hash either; a damaged file raises on every rank."""
+    from aggbench import modeldir
+    from aggbench.train.checkpoint import verify_checksums
+
+    _, src = trained
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    hashed: list[Path] = []
+    real = modeldir.sha256_file
+    monkeypatch.setattr(modeldir, "sha256_file", lambda p: hashed.append(Path(p)) or real(p))
+    sent: list = []
+
+    def rank0_says(verdict):  # what this rank sends, then rank 0's verdict
+        return lambda obj: sent.append(obj) or verdict
+
+    verify_checksums(run, 1, main=False, broadcast=rank0_says(None))
+    check_readable(run, 1)  # opening()'s check on this rank: verified already
+    assert hashed == [] and sent == [None]
+    step_dir = checkpoint_dir(run, 1)
+    _damage(step_dir / "model.safetensors", "inside")  # (its mtime changes: the cache no longer holds)
+    bad = (step_dir / "model.safetensors", "changed since the checkpoint was written")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors is unreadable \(changed since"):
+        verify_checksums(run, 1, main=False, broadcast=rank0_says(bad))
+    assert hashed == []
+    with pytest.raises(CheckpointError, match=r"model\.safetensors is unreadable \(changed since"):
+        verify_checksums(run, 1, main=True, broadcast=lambda obj: obj)  # rank 0 (one process) hashes
+    assert step_dir / "model.safetensors" in hashed

@@ -98,7 +98,7 @@ def test_update_then_record_carry_the_trained_rules_weights():
     assert totals.behaviour.shape == scored.mask.shape
     # on-policy, ratio 1: the PG loss is -sum(eff) = -(sum over tokens of A / 15)
     assert totals.pg_loss == pytest.approx(-(2 - 4 + 3 - 6) / 15)
-    part = RankPart(REWARDS, FINISHED, totals.unit_loss, [], SamplingStats(1, 2, 0, 2, 4))
+    part = RankPart(REWARDS, FINISHED, LENGTHS, totals.unit_loss, [], SamplingStats(1, 2, 0, 2, 4))
     row = record(step=3, parts=[part], rule=rule, totals=totals, timing=StepTiming(1.0, 3.0), lr=0.5)
     assert (row["step"], row["lr"], row["accuracy"], row["response/truncated_frac"]) == (3, 0.5, 0.5, 0.25)
     assert row["tokens_per_s"] == pytest.approx(15 / 4.0)
@@ -112,3 +112,24 @@ def test_update_then_record_carry_the_trained_rules_weights():
     for key in ("weight_pos", "weight_neg", "weight_ratio", "pg_loss"):
         assert row[f"train/{key}"] == row[f"agg/token/{key}"], key
     assert row["train/weight_ratio"] == pytest.approx(0.5)
+
+
+def test_record_counts_filtered_responses_at_their_own_length():
+    """With the overlong filter on, the truncated response leaves the loss (its mask row is empty)
+    but not the length statistics: ``len/*`` describe what was sampled, as without the filter."""
+    rule = resolve_instance({"name": "token"})
+    settings = UpdateSettings(LossSettings(micro_batch_size=3), ppo_epochs=1, mini_batches=1)
+    rows = {}
+    for on in (False, True):
+        scored = score(_sampled(), _scoring(overlong_filter=on))
+        totals = update(_policy(), scored, rule=rule, settings=settings, ranks=Ranks())
+        part = RankPart(REWARDS, FINISHED, LENGTHS, totals.unit_loss, [], SamplingStats(1, 2, 0, 2, 4))
+        rows[on] = record(step=1, parts=[part], rule=rule, totals=totals, timing=StepTiming(1.0, 1.0), lr=0.5)
+    assert totals.tokens == 2 + 4 + 3  # the filter took the truncated response's 6 tokens out of the loss
+    assert rows[True]["len/mean"] == rows[False]["len/mean"] == pytest.approx(sum(LENGTHS) / 4)
+    assert rows[True]["len/cv"] == rows[False]["len/cv"]
+    # within group 1 (lengths 3, 6): population CV 1.5 / 4.5; group 0 (2, 4): 1 / 3
+    assert rows[True]["len/cv_within"] == pytest.approx((1 / 3 + 1.5 / 4.5) / 2)
+    # the filtered response's advantage is 0: it leaves the sign split, not the pooled lengths
+    assert rows[True]["len/neg_mean"] == pytest.approx(4.0)
+    assert rows[False]["len/neg_mean"] == pytest.approx(5.0)

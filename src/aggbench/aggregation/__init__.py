@@ -28,7 +28,7 @@ from aggbench.aggregation.contract import (
     rule_names,
 )
 from aggbench.aggregation.ops import broadcast, groups_of, mask_from_lengths, safe_reciprocal
-from aggbench.registry import RegistryError, load_plugins
+from aggbench.registry import RegistryError, env_plugins, load_plugins
 
 __all__ = [
     "AggregationFn",
@@ -40,6 +40,7 @@ __all__ = [
     "broadcast",
     "builtin_instances",
     "check_inputs",
+    "env_plugins",
     "get_rule",
     "groups_of",
     "load_plugins",

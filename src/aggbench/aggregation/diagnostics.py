@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from aggbench.aggregation.contract import RuleInstance, builtin_instances, check_inputs
+from aggbench.aggregation.contract import AggregationInputError, RuleInstance, builtin_instances, check_inputs
 from aggbench.aggregation.ops import Groups, groups_of
 
 
@@ -62,11 +62,15 @@ def _within_group(lengths: Tensor, advantages: Tensor, g: Groups) -> tuple[float
     return _mean_finite(cv), _mean_finite(torch.where(both, gap, torch.full_like(gap, math.nan)))
 
 
-def length_stats(mask: Tensor, advantages: Tensor, group_ids: Tensor) -> dict[str, float]:
+def length_stats(
+    mask: Tensor, advantages: Tensor, group_ids: Tensor, *, lengths: Tensor | None = None
+) -> dict[str, float]:
     """Response-length statistics by advantage sign, pooled and within group, and the number of
     zero-variance groups.
 
-    mask: [B, T]; advantages: [B]; group_ids: [B]. Keys: len/mean, len/cv, len/pos_mean, len/pos_cv,
+    mask: [B, T]; advantages: [B]; group_ids: [B]; lengths: optional [B] response lengths in tokens,
+    default the mask's row sums. Pass them where the loss mask drops whole responses (the overlong
+    filter empties a truncated response's row): the mask would count those as length 0. Keys: len/mean, len/cv, len/pos_mean, len/pos_cv,
     len/neg_mean, len/neg_cv, len/gap (pos_mean - neg_mean), len/cv_within, len/gap_within,
     groups/zero_variance, groups/total. All of the batch given: in the trainer the batch trained on,
     so under dynamic sampling ``groups/zero_variance`` counts only groups left when refills ran out;
@@ -81,7 +85,14 @@ def length_stats(mask: Tensor, advantages: Tensor, group_ids: Tensor) -> dict[st
     NaN when no group qualifies.
     """
     m = check_inputs(mask, advantages, group_ids)
-    lengths = m.sum(dim=1)
+    if lengths is None:
+        lengths = m.sum(dim=1)
+    elif lengths.shape != advantages.shape:
+        raise AggregationInputError(
+            f"lengths must be a 1-D tensor [B] as advantages {tuple(advantages.shape)}; got {tuple(lengths.shape)}"
+        )
+    else:
+        lengths = lengths.to(m.dtype)
     out: dict[str, float] = {}
     out["len/mean"], out["len/cv"] = _mean_cv(lengths)
     out["len/pos_mean"], out["len/pos_cv"] = _mean_cv(lengths[advantages > 0])
@@ -103,12 +114,14 @@ def diagnostics(
     instances: Mapping[str, RuleInstance] | None = None,
     unit_loss: Tensor | None = None,
     minibatches: Sequence[Tensor] | None = None,
+    lengths: Tensor | None = None,
 ) -> dict[str, float]:
     """Length statistics plus, for every rule instance, its per-sign weights (and loss if given).
 
     mask: [B, T]; advantages: [B]; group_ids: [B]; unit_loss: optional [B, T] clipped loss at unit
     advantage of each token's sign (``aggbench.train.objective.unit_pg_loss``); minibatches: the row
-    indices ([b_k] long) of each optimiser mini-batch, default one holding every row. ``instances``
+    indices ([b_k] long) of each optimiser mini-batch, default one holding every row; lengths:
+    optional [B] response lengths for the ``len/*`` statistics (``length_stats``). ``instances``
     defaults to every registered rule at its defaults plus the built-in variants; pass the run's own
     instances merged in so a user's rule is reported too.
 
@@ -129,7 +142,7 @@ def diagnostics(
     the weights its updates used; for the other rules, what they would have applied to the same
     mini-batches. With one mini-batch they are the whole batch's.
     """
-    out = length_stats(mask, advantages, group_ids)
+    out = length_stats(mask, advantages, group_ids, lengths=lengths)
     insts = dict(builtin_instances())
     if instances:
         insts.update(instances)

@@ -15,12 +15,9 @@ integration reads the same variable.
 from __future__ import annotations
 
 import importlib
-import os
 from pathlib import Path
 
 import click
-
-PLUGINS_ENV = "AGGBENCH_PLUGINS"
 
 # name -> (module path, one-line help shown by `aggbench --help` without importing the module)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -99,10 +96,11 @@ def main() -> None:
 def _env_plugins() -> None:
     """Import ``$AGGBENCH_PLUGINS`` (relative paths from the working directory); a plugin that fails
     to import is a one-line error naming the variable."""
-    specs = [p.strip() for p in os.environ.get(PLUGINS_ENV, "").split(",") if p.strip()]
+    from aggbench.registry import PLUGINS_ENV, RegistryError, env_plugins, load_plugins
+
+    specs = env_plugins()
     if not specs:
         return
-    from aggbench.registry import RegistryError, load_plugins
 
     try:
         load_plugins(specs, search_paths=[Path.cwd()])

@@ -11,7 +11,6 @@ the row. The source models themselves are in :mod:`aggbench.data.sources`.
 from __future__ import annotations
 
 import base64
-import hashlib
 import io
 import json
 import os
@@ -33,6 +32,7 @@ from aggbench.data.sources import (
     OfflineJoin,
     UrlSource,
 )
+from aggbench.files import sha256_file
 from aggbench.tiny.task import make_task, make_validation
 
 Row = tuple[str, int, dict[str, Any]]  # (where, 1-based line or row number, row)
@@ -103,7 +103,7 @@ def _check_pin(path: Path, pinned: str | None, key: str, name: str) -> None:
     """Refuse an offline file whose sha256 is not the spec's ``key`` (no pin: nothing to check)."""
     if pinned is None:
         return
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = sha256_file(path)
     if digest != pinned:
         raise DataUnavailableError(
             f"{name}: {path} has sha256 {digest}, but the spec's {key} pins {pinned}: it is not the file the "
@@ -198,8 +198,6 @@ def url_rows(
     """Rows of the JSONL file at ``source.url``, downloaded once into the `datasets` cache (its own
     download manager: retries, resumes, HF_DATASETS_OFFLINE), refused unless its sha256 is the
     pinned one. The download and the check happen before this returns."""
-    import hashlib
-
     try:
         from datasets import DownloadManager
 
@@ -209,7 +207,7 @@ def url_rows(
             f"{name}: could not download {source.url} ({type(exc).__name__}: {exc}). "
             + _offline_hint(offline_file, data_dir)
         ) from exc
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = sha256_file(path)
     if digest != source.sha256:
         raise DataUnavailableError(
             f"{name}: {source.url} (downloaded to {path}) has sha256 {digest}, but its spec pins "

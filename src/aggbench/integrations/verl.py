@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from aggbench.aggregation import RuleInstance, builtin_instances, load_plugins
+from aggbench.aggregation import RuleInstance, builtin_instances, env_plugins, load_plugins
 from aggbench.integrations import AdapterConfigError
 
 # The verl releases this adapter is tested against (the `verl` extra pins the same range).
@@ -357,7 +357,7 @@ def register_all() -> list[str]:
             f"{getattr(verl, '__version__', '?')}; rerun tests/integrations/test_verl.py against it",
             stacklevel=2,
         )
-    plugins = [p.strip() for p in os.environ.get("AGGBENCH_PLUGINS", "").split(",") if p.strip()]
+    plugins = env_plugins()
     try:
         load_plugins(plugins)
     except Exception as exc:  # kept: verl would swallow it (module docstring)

@@ -18,8 +18,8 @@ def readiness_warnings(exp: dict, *, cluster: bool, config: str = "CONFIG") -> l
     without fetched data, holdout splits the split check cannot compare, models without a
     prepared directory. Each names the fix."""
     out, root = [], results_dir(exp)
-    out += [w for w in [sqlite_on_cluster(exp)] if w and cluster]
-    out += partial_keys(exp) if cluster else []
+    if cluster:
+        out += [w for w in [sqlite_on_cluster(exp)] if w] + partial_keys(exp)
     data = layout.benchmark_data_dir(root)
     missing = unfetched(exp["benchmarks"], data)
     if missing:

@@ -54,13 +54,7 @@ def average_curve(evals: Mapping[str, Mapping[int, float]], benchmarks: Sequence
     return {t: statistics.fmean(evals[b][t] for b in benchmarks) for t in sorted(steps)}
 
 
-def peak_to_last(evals: Mapping[str, Mapping[int, float]], benchmarks: Sequence[str]) -> float | None:
-    """One seed's peak minus last value of its benchmark-average curve (same unit as evals); None
-    when no step has every benchmark."""
-    curve = average_curve(evals, benchmarks)
-    return curve_drop(curve) if curve else None
-
-
 def curve_drop(curve: Mapping[int, float]) -> float:
-    """Peak minus last value of a (non-empty) {step: value} curve: the peak-to-last drop."""
+    """Peak minus last value of a (non-empty) {step: value} curve: the peak-to-last drop (of one
+    seed's benchmark average, ``average_curve``, in the tables' drop column)."""
     return max(curve.values()) - curve[max(curve)]

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from aggbench.data.overlap import Overlap
 
 AVERAGE = "average"
-DROP = "drop"  # peak minus last of the benchmark average (aggbench.report.stats.peak_to_last)
+DROP = "drop"  # peak minus last of each seed's benchmark average (_drop, stats.curve_drop)
 BASE_LABEL = "base (step 0)"
 DEFINITIONS = {
     # "chosen on the test benchmark" in the title itself: a caption pasted alone (peak.tex) says it

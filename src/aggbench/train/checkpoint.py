@@ -28,7 +28,7 @@ import os
 import pickle
 import shutil
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,14 @@ from aggbench.layout import (
     complete_steps,
     rule_file,
 )
-from aggbench.modeldir import ModelDirError, checksum_mismatch, directory_checksums, loading, weights_problem
+from aggbench.modeldir import (
+    ModelDirError,
+    checksum_mismatch,
+    directory_checksums,
+    loading,
+    mark_verified,
+    weights_problem,
+)
 
 SHARDED_DIR = "sharded"
 
@@ -129,9 +136,10 @@ def unreadable(run_dir: Path, step: int, path: Path, why: str) -> CheckpointErro
     )
 
 
-def check_readable(run_dir: Path, step: int) -> None:
-    """Cheap checks of ``step_N``'s files before anything loads (an empty or truncated trainer
-    state, weights file or shard): reads sizes and headers only. Raises :class:`CheckpointError`."""
+def check_readable(run_dir: Path, step: int, *, checksums: bool = True) -> None:
+    """Checks of ``step_N``'s files before anything loads: cheap ones first (an empty or truncated
+    trainer state, weights file or shard: sizes and headers), then (``checksums``) every file's
+    bytes against the sha256 its COMPLETE marker recorded. Raises :class:`CheckpointError`."""
     d = checkpoint_dir(run_dir, step)
     weights = sorted(d.glob("*.safetensors"))
     if not weights:
@@ -144,9 +152,22 @@ def check_readable(run_dir: Path, step: int) -> None:
         why = problem(path)
         if why:
             raise unreadable(run_dir, step, path, why)
-    bad = checksum_mismatch(d)  # bytes changed inside an intact-looking file
+    bad = checksum_mismatch(d) if checksums else None  # bytes changed inside an intact-looking file
     if bad is not None:
         raise unreadable(run_dir, step, *bad)
+
+
+def verify_checksums(run_dir: Path, step: int, *, main: bool, broadcast: Callable[[Any], Any]) -> None:
+    """step_N's bytes against the sha256 its COMPLETE marker recorded, hashed by rank 0 alone (``main``)
+    and its verdict sent to every rank (``broadcast``: rank 0's value on every rank), so a job of
+    many ranks reads the checkpoint once, not once per rank. Raises :class:`CheckpointError` on
+    every rank; afterwards :func:`check_readable` (every rank) does not hash the directory again."""
+    check_readable(run_dir, step, checksums=False)  # an empty or truncated file: named as such first
+    d = checkpoint_dir(run_dir, step)
+    bad = broadcast(checksum_mismatch(d) if main else None)
+    if bad is not None:
+        raise unreadable(run_dir, step, *bad)
+    mark_verified(d)
 
 
 @contextlib.contextmanager

@@ -287,7 +287,7 @@ def _train_segment(
     records = prep.records if prep.records is not None else _check_inputs(cfg, start)  # (another job ran)
     if main:
         record_data(out, cfg.dataset.path, records, start, allow_change=prep.allow_change)
-    tokenizer, records = _fit_prompts(cfg, out, start, records, main)
+    tokenizer, records = _fit_prompts(cfg, out, start, records, ranks)
     policy, model_dir, state = _open_policy(cfg, out, start, ranks)
     cursor = checkpoint.prompt_cursor(state, start, a.prompts_per_step)
     metrics_log = MetricsLog(out / "metrics.jsonl")
@@ -338,15 +338,18 @@ def _train_segment(
 
 
 def _fit_prompts(
-    cfg: TrainConfig, out: Path, start: int, records: list[dict], main: bool
+    cfg: TrainConfig, out: Path, start: int, records: list[dict], ranks: Ranks
 ) -> tuple[Any, list]:
     """The tokenizer, and the records whose prompts fit ``sampling.max_prompt_tokens``: over-long
-    prompts leave before any is drawn, and before the weights load (``prompt_fit``)."""
+    prompts leave before any is drawn, and before the weights load (``prompt_fit``). A resume's
+    step_N is checked first, its checksums hashed by rank 0 only (every rank gets the verdict)."""
     from transformers import AutoTokenizer
 
+    if start:
+        checkpoint.verify_checksums(out, start, main=ranks.main, broadcast=ranks.broadcast)
     with checkpoint.opening(out, start, cfg.model.path) as model_dir:  # step_N, or model.path
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    report = layout.prompt_filter_file(out) if main else None
+    report = layout.prompt_filter_file(out) if ranks.main else None
     return tokenizer, prompt_fit.fit_training_records(cfg, tokenizer, records, report)
 
 

@@ -82,7 +82,9 @@ def run_step(seg: Segment, step: int, *, after_backward: Callable[[], None] | No
     t_upd = time.perf_counter() - t1
     # ---- 5. record: the whole batch's metrics row on rank 0, and the rollouts to keep
     mine = rollout_rows(step, sampled, scored.advantages, cfg.rollout.save_rollouts)
-    part = RankPart(sampled.rewards, sampled.rollouts.finished, totals.unit_loss, mine, sampled.stats, checks)
+    roll = sampled.rollouts
+    lengths = [len(r) for r in roll.response_ids]
+    part = RankPart(sampled.rewards, roll.finished, lengths, totals.unit_loss, mine, sampled.stats, checks)
     parts = ranks.gather_to_main(part)
     if parts is None:
         return StepResult(None, [])

@@ -23,12 +23,13 @@ from aggbench.train.update import UpdateTotals
 @dataclass
 class RankPart:
     """One rank's share of a step, gathered to rank 0 for the metrics row and the rollouts file:
-    rewards and finished flags per response, unit_loss [b, T], rollout rows, what sampling did
+    rewards, finished flags and lengths (tokens) per response, unit_loss [b, T], rollout rows, what sampling did
     (rounds, groups filtered, accuracy before the filter), and what the rollout engine's checks
     found (None: the engine returns no log-probs)."""
 
     rewards: list[float]
     finished: list[bool]
+    lengths: list[int]
     unit_loss: torch.Tensor
     rollouts: list[dict]
     sampling: SamplingStats
@@ -51,7 +52,8 @@ def record(
     of ``totals.view``; ``lr``: the learning rate the step's updates used.
 
     ``reward/mean``, ``accuracy`` and the ``len/*``, ``groups/total`` and ``groups/zero_variance``
-    statistics describe the batch trained on (after dynamic sampling's filter); what sampling met
+    statistics describe the batch trained on (after dynamic sampling's filter; ``len/*`` count each
+    response's own length, a truncated one's too where the overlong filter takes it out of the loss); what sampling met
     before the filter is ``accuracy_prefilter`` (the step's own prompts, first round),
     ``groups/sampled`` and ``groups/filtered`` (every round). With ``dataset.compare_grader``,
     ``reward/disagree`` counts the responses (every round) that grader and the reward judge
@@ -105,8 +107,16 @@ def record(
         # the comparison's accuracy on every response graded (a random-reward control's real accuracy)
         row["reward/compare_accuracy"] = sum(p.sampling.compare_correct for p in parts) / compared
     row.update(engine_checks.merge([p.engine for p in parts]))
+    # the responses' own lengths: the overlong filter empties a truncated response's loss-mask row
+    lengths = torch.tensor([n for p in parts for n in p.lengths], dtype=torch.long)
     agg = diagnostics(
-        mask, adv, gids, instances={rule.name: rule}, unit_loss=unit_loss, minibatches=upd.minibatches
+        mask,
+        adv,
+        gids,
+        instances={rule.name: rule},
+        unit_loss=unit_loss,
+        minibatches=upd.minibatches,
+        lengths=lengths,
     )
     row.update(agg)
     row.update(trained_rule(agg, rule.name))

@@ -1,0 +1,46 @@
+"""Each shipped benchmark's offline copy is pinned by its spec's ``offline_sha256`` (and
+LiveCodeBench's join file by ``offline_join.sha256``): another, damaged or truncated copy is refused
+naming the pin, never read as a smaller benchmark. Against the real files in ../shared/data."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from aggbench.data import DataUnavailableError, load_benchmark, load_benchmark_spec
+
+
+@pytest.mark.parametrize("name", ["math500", "aime24", "aime25", "olympiadbench", "minerva", "livecodebench"])
+def test_an_offline_copy_that_is_not_the_pinned_file_is_refused(
+    tmp_path: Path, shared_data: Path, name
+) -> None:
+    """Every benchmark with an offline copy pins its sha256 (PROVENANCE.md's): a truncated copy (its
+    first half, cut at a line break, still valid JSONL) is refused naming the pin, never read as a
+    smaller benchmark; the real copy reads as before."""
+    spec = load_benchmark_spec(name)
+    assert spec.offline_sha256 is not None and spec.offline_file is not None
+    assert len(load_benchmark(name, data_dir=shared_data)) > 0  # the real file passes its pin
+    data = tmp_path / "data"
+    shutil.copytree(shared_data, data)
+    copy = data / spec.offline_file
+    copy.chmod(0o644)
+    lines = copy.read_text().splitlines(keepends=True)
+    copy.write_text("".join(lines[: len(lines) // 2]))
+    with pytest.raises(
+        DataUnavailableError, match=rf"{name}: .* the spec's offline_sha256 pins {spec.offline_sha256}"
+    ):
+        load_benchmark(name, data_dir=data)
+
+
+def test_the_livecodebench_join_file_is_pinned_too(tmp_path: Path, shared_data: Path) -> None:
+    spec = load_benchmark_spec("livecodebench")
+    assert spec.offline_join is not None and spec.offline_join.sha256 is not None
+    data = tmp_path / "data"
+    shutil.copytree(shared_data, data)
+    join = data / spec.offline_join.file
+    join.chmod(0o644)
+    join.write_text(join.read_text().replace("Return", "return", 1))  # one word changed, same rows
+    with pytest.raises(DataUnavailableError, match=r"offline_join\.sha256 pins 6441538a"):
+        load_benchmark("livecodebench", data_dir=data)
