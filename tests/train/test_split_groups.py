@@ -37,8 +37,19 @@ def test_every_part_holds_whole_groups_and_every_row_once(group_ids, n_parts):
 def test_a_loss_mask_with_holes_is_refused_before_the_weights_are_rebuilt_from_counts():
     """update() rebuilds the whole batch's mask from each row's token count (gather_minibatch), so
     it refuses a mask whose scored tokens are not a prefix (the weights would land elsewhere)."""
+    from aggbench.train.parallel import Ranks
     from aggbench.train.update import _check_prefix
 
-    _check_prefix(torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]]))  # prefixes, an empty row too
+    _check_prefix(torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]]), Ranks())  # prefixes, an empty row too
     with pytest.raises(RuntimeError, match=r"the loss mask of rows \[1\] has holes"):
-        _check_prefix(torch.tensor([[1, 1, 0], [1, 0, 1], [0, 0, 0]]))
+        _check_prefix(torch.tensor([[1, 1, 0], [1, 0, 1], [0, 0, 0]]), Ranks())
+
+    class OtherRankHoled(Ranks):  # the all-reduce as another rank with a holed mask would answer it
+        def max_over_ranks(self, value: int) -> int:
+            seen.append(value)
+            return max(value, 1)
+
+    seen: list[int] = []
+    with pytest.raises(RuntimeError, match=r"another rank's loss mask has holes"):
+        _check_prefix(torch.tensor([[1, 1, 0], [1, 0, 0]]), OtherRankHoled())  # clean here: refuses too
+    assert seen == [0]  # this rank reported its own mask clean

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import time
 from collections import Counter
+from datetime import datetime
 
 import pytest
 
@@ -65,7 +67,7 @@ def test_minimal_grid_runs_through_the_slurm_profile(wf, tmp_path, tiny_model):
     start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 2))
     prefix = f"aggbenchtest{os.getpid()}"  # our jobs' names start with it: found, or cancelled
 
-    t0 = time.monotonic()
+    t0, t_submit = time.monotonic(), time.time()
     # Exactly the documented command, from the repository root. The extra flags only set the pace
     # of the status checks (the plugin waits 40 s before its first by default) and prefix the job
     # names, so that a failed run's jobs can be found and cancelled.
@@ -116,6 +118,13 @@ def test_minimal_grid_runs_through_the_slurm_profile(wf, tmp_path, tiny_model):
         by_rule[rule] += 1
     # every non-local job was a SLURM job, and no local rule went to SLURM
     assert dict(by_rule) == remote, f"sacct: {rows}"
+
+    # the train job read its end from SLURM (squeue on Slurm 22.05): inside the job's 30-minute limit
+    (train_log,) = (results / "logs" / "train").rglob("step_2.log")
+    ends = re.findall(r"the job ends at (\S+);", train_log.read_text())
+    assert len(ends) == 1, train_log.read_text()[-3000:]
+    end = datetime.fromisoformat(ends[0]).timestamp()
+    assert t_submit < end <= time.time() + 30 * 60, (ends, t_submit)
 
     # and the table was written
     last = results / "tables" / "last.md"

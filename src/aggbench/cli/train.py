@@ -64,6 +64,14 @@ def _check_runnable(cfg: TrainConfig) -> None:
 )
 @click.option("--quiet", is_flag=True, help="One line per step instead of a progress bar (cluster logs).")
 @click.option(
+    "--stop-by",
+    type=float,
+    default=None,
+    metavar="UNIX_TIME",
+    help="The job's end: stop at a checkpoint when another step would not finish before it "
+    "(default inside a SLURM job: its walltime's end; exit status 143, a rerun resumes).",
+)
+@click.option(
     "--allow-config-change",
     is_flag=True,
     help="Resume even though the config changes training (the run then mixes both configs).",
@@ -74,6 +82,7 @@ def command(
     until_step: int | None,
     overrides: tuple[str, ...],
     quiet: bool,
+    stop_by: float | None,
     allow_config_change: bool,
 ) -> None:
     """Train one cell into OUT, resuming from its latest complete checkpoint."""
@@ -96,6 +105,7 @@ def command(
             until_step=until_step,
             quiet=quiet,
             allow_config_change=allow_config_change,
+            stop_by=stop_by,
         )
     except InputError as exc:  # bad input, the run lock and data unavailable included: one line
         raise click.ClickException(str(exc)) from None

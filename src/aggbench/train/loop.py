@@ -4,6 +4,8 @@ Design decisions, stated first:
 
 1. One process trains one cell, or one *segment* of it (``until_step``) that ends at a checkpoint,
    so a SLURM walltime bounds a segment, not a 7B run. A run directory is locked while trained.
+   Where the job's end is known (SLURM's, or ``--stop-by``), a segment that would not finish before
+   it stops early at a checkpoint of the step it reached (``aggbench.train.walltime``).
 2. A step is one rollout batch: sample P prompts -> G responses each -> rewards -> group
    advantages -> ``mini_batches`` x ``ppo_epochs`` optimiser updates, as named stages with typed
    values between them (``aggbench.train.step``); this module sets a segment up around them.
@@ -37,6 +39,7 @@ import json
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +56,7 @@ from aggbench.modeldir import loading, require_positions, require_weights
 from aggbench.provenance import record_tags, run_tags
 from aggbench.run_config import check_resume, check_resume_data, mlflow_fields, record_data, resume_refused
 from aggbench.tracking import MetricsLog, MlflowRun, resolve_tracking_uri
-from aggbench.train import batching, checkpoint, parallel, prompt_fit, step_log
+from aggbench.train import batching, checkpoint, parallel, prompt_fit, step_log, walltime
 from aggbench.train.parallel import Ranks
 from aggbench.train.run_status import Terminated, run_status
 from aggbench.train.sampling import Sampler
@@ -101,6 +104,7 @@ class Prepared:
     estimator: Any
     records: list[dict] | None
     allow_change: bool = False
+    stop_by: float | None = None  # the job's end as a Unix time (--stop-by; else SLURM's: walltime)
 
 
 def train(
@@ -110,11 +114,14 @@ def train(
     until_step: int | None = None,
     quiet: bool = False,
     allow_config_change: bool = False,
+    stop_by: float | None = None,
 ) -> dict:
     """Train ``cfg``'s cell into ``out_dir`` up to ``until_step`` (default: the end). Returns a summary.
 
     Under torchrun every rank calls this (design decision 7). A run directory is one experiment:
     resuming it with a config that changes training is refused (``run_config.check_resume``).
+    ``stop_by``: the job's end as a Unix time (default: SLURM's, inside a SLURM job): the segment
+    stops at a checkpoint before it (``aggbench.train.walltime``).
     """
     out, a = Path(out_dir), cfg.algorithm
     # bad input fails here, on every rank, before the run directory, its lock or a model exist
@@ -127,7 +134,7 @@ def train(
     records = _check_inputs(cfg, start) if start < last else None
     if start and records is not None:
         check_resume_data(out, cfg.dataset.path, records, allow_change=allow_config_change)
-    prep = Prepared(plugin_files, rule, estimator, records, allow_config_change)
+    prep = Prepared(plugin_files, rule, estimator, records, allow_config_change, stop_by)
     ranks = parallel.setup(cfg)
     try:
         with ranks.run_lock(out):  # creates the run directory
@@ -219,6 +226,10 @@ def _train_locked(cfg: TrainConfig, out: Path, last: int, quiet: bool, ranks: Ra
     except Exception as exc:
         if ranks.main and disk_full(exc):  # judged by the chain, or by the writer that failed
             raise _disk_full(cfg, out, exc) from exc
+        raise
+    except walltime.WalltimeStop as exc:
+        if ranks.main:
+            log.error("%s", exc)
         raise
     except (Terminated, KeyboardInterrupt) as exc:
         if ranks.main:
@@ -317,17 +328,10 @@ def _train_segment(
     bar = step_log.progress(
         range(start + 1, last + 1), quiet, cfg.resolved_cell_id, initial=start, total=a.total_steps
     )
+    # the job's end (SLURM's walltime, or --stop-by): rank 0's reading, so every rank stops alike
+    deadline = walltime.for_segment(cfg.resolved_cell_id, prep.stop_by, main=main, broadcast=ranks.broadcast)
     try:
-        for step in bar:
-            result = run_step(seg, step, after_backward=functools.partial(fault, "mid_step", step))
-            if main:  # the source of truth first
-                metrics_log.append(result.row)
-                step_log.save_rollouts(out, step, result.rollouts, cfg.rollout.save_rollouts)
-            policy.scheduler.step()  # once per rollout step, after the row logged the lr it used
-            if step % cfg.checkpoint.every == 0 or step == last:
-                _checkpoint(seg, out, step, tokenizer, metrics_log, tracker)
-            if main:
-                step_log.report(bar, quiet, cfg.resolved_cell_id, result.row, a.total_steps)
+        _run_steps(seg, out, bar, last, tokenizer, metrics_log, tracker, deadline, quiet)
     finally:
         reward_fn.close()
         if compare_fn is not None:
@@ -335,6 +339,44 @@ def _train_segment(
         if hasattr(engine, "close"):  # vLLM: before the process group goes (VLLMEngine.close)
             engine.close()
     return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": last}
+
+
+def _run_steps(
+    seg: Segment,
+    out: Path,
+    bar: Any,
+    last: int,
+    tokenizer: Any,
+    metrics_log: MetricsLog,
+    tracker: MlflowRun | None,
+    deadline: walltime.Deadline,
+    quiet: bool,
+) -> None:
+    """The segment's steps (``bar`` iterates them): each logged (rank 0, the metrics row first),
+    checkpointed every ``checkpoint.every`` steps and at ``last``. A step after which one more step
+    and a checkpoint would pass the job's end is checkpointed too, and the segment stops there
+    (:class:`walltime.WalltimeStop`; a rerun resumes from it)."""
+    cfg, main = seg.cfg, seg.ranks.main
+    for step in bar:
+        t0 = time.monotonic()
+        result = run_step(seg, step, after_backward=functools.partial(fault, "mid_step", step))
+        step_s = time.monotonic() - t0
+        if main:  # the source of truth first
+            metrics_log.append(result.row)
+            step_log.save_rollouts(out, step, result.rollouts, cfg.rollout.save_rollouts)
+        seg.policy.scheduler.step()  # once per rollout step, after the row logged the lr it used
+        saved = step % cfg.checkpoint.every == 0 or step == last
+        if saved:
+            t1 = time.monotonic()
+            _checkpoint(seg, out, step, tokenizer, metrics_log, tracker)
+            deadline.saved(time.monotonic() - t1)
+        if main:
+            step_log.report(bar, quiet, cfg.resolved_cell_id, result.row, cfg.algorithm.total_steps)
+        if deadline.end is not None and step < last and seg.ranks.broadcast(deadline.stop_after(step_s)):
+            if not saved:
+                _checkpoint(seg, out, step, tokenizer, metrics_log, tracker)
+            where = str(layout.checkpoint_dir(out, step))
+            raise walltime.stopped(cfg.resolved_cell_id, step, deadline.end, where)
 
 
 def _fit_prompts(

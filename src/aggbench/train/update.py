@@ -237,15 +237,17 @@ def accumulate_gradients(
     return stats
 
 
-def _check_prefix(mask: Tensor) -> None:
+def _check_prefix(mask: Tensor, ranks: Ranks) -> None:
     """mask [B, T]: each row's scored tokens come first. The global view is rebuilt from each row's
     token count (``gather_minibatch``), so a mask with holes (a masked tool turn, say) would put the
-    rule's weights on other tokens: refused here instead of trained on silently."""
+    rule's weights on other tokens: refused here instead of trained on silently. Every rank refuses
+    together (one all-reduce): a rank refusing alone would leave the others waiting in the gather."""
     prefix = torch.arange(mask.shape[1], device=mask.device) < mask.sum(1, keepdim=True)
-    if not torch.equal(mask.bool(), prefix):
-        rows = (mask.bool() != prefix).any(1).nonzero().flatten().tolist()
+    rows = (mask.bool() != prefix).any(1).nonzero().flatten().tolist()
+    if ranks.max_over_ranks(1 if rows else 0):
+        where = f"the loss mask of rows {rows[:5]}" if rows else "another rank's loss mask"
         raise RuntimeError(
-            f"update(): the loss mask of rows {rows[:5]} has holes (a masked token before a scored one); "
+            f"update(): {where} has holes (a masked token before a scored one); "
             "the whole-batch weights are rebuilt from token counts, so they would land on other tokens"
         )
 
@@ -267,8 +269,7 @@ def update(
     """
     model, loss = policy.model, settings.loss
     batch, mask = scored.batch, scored.mask
-    _check_prefix(mask)  # before the forward passes (a rank refusing alone still leaves the others
-    # waiting in the all-gather below; no current path makes such a mask)
+    _check_prefix(mask, ranks)  # before the forward passes; every rank together
     with ranks.full_params(model):
         multi = settings.ppo_epochs * settings.mini_batches > 1
         old = fixed_logprobs(model, batch, loss, policy.autocast) if multi else None

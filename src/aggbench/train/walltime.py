@@ -1,0 +1,124 @@
+"""Stop a segment before its job's walltime, at a checkpoint, instead of being killed mid-segment.
+
+A train job is one segment (``checkpoint.every`` steps, ``aggbench.train.loop``'s decision 1); its
+regular checkpoint is at the segment's end. A job that SLURM kills at its walltime loses every step
+since the segment's start, and a retry with the same ``runtime`` meets the same end. With a known
+end time the trainer instead checks after each step whether one more step and a checkpoint still
+fit; when they do not, it saves the step it is at (an extra ``step_N``: the retention policy drops
+it later like any other) and exits with :class:`WalltimeStop` (exit status 143, MLflow KILLED). The
+retry, or a rerun of the same command, resumes from that step: each attempt keeps its work.
+
+Where the end comes from, first found wins: ``aggbench train --stop-by`` (a Unix time), SLURM's
+``$SLURM_JOB_END_TIME`` (set by Slurm 23.02 and later), else ``squeue -j $SLURM_JOB_ID -o %e`` (the
+job's expected end, older Slurm). Outside a SLURM job, with no ``--stop-by``, nothing changes. Rank 0
+decides and every rank follows (one broadcast per step), so ranks stop at the same step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from aggbench.train.run_status import Terminated
+
+log = logging.getLogger("aggbench.train.walltime")
+
+END_ENV = "SLURM_JOB_END_TIME"
+# Seconds kept free after the checkpoint: process exit, the job's log flush, SLURM's own slack.
+MARGIN_S = 120.0
+# The next step is assumed up to this much slower than the slowest step seen (dynamic sampling's
+# refill rounds vary the step time).
+STEP_SLACK = 1.25
+
+
+class WalltimeStop(Terminated):
+    """The trainer stopped itself before the job's end, after saving the step it reached: as a
+    SIGTERM (exit status 143, the MLflow run KILLED), with the message saying where a rerun resumes."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(143)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def job_end(stop_by: float | None) -> float | None:
+    """The Unix time the job ends: ``stop_by`` if given, else SLURM's (see the module docstring);
+    None outside a SLURM job or when SLURM does not say (an unlimited job)."""
+    if stop_by is not None:
+        return float(stop_by)
+    if os.environ.get(END_ENV, "").strip():
+        try:
+            return float(os.environ[END_ENV])
+        except ValueError:
+            log.warning(
+                "$%s=%r is not a Unix time: no stop before the walltime", END_ENV, os.environ[END_ENV]
+            )
+            return None
+    job = os.environ.get("SLURM_JOB_ID", "").strip()
+    if not job:
+        return None
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%e"], capture_output=True, text=True, timeout=60, check=True
+        ).stdout.strip()
+        return datetime.fromisoformat(out).timestamp()  # squeue prints the controller's local time
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        log.warning(
+            "SLURM job %s: could not read its end time from squeue (%s): no stop before the walltime",
+            job,
+            exc,
+        )
+        return None
+
+
+class Deadline:
+    """The stop rule of one segment: after a step, stop when now + (the slowest step so far x
+    ``STEP_SLACK``) + one checkpoint's save time (the slowest save seen; before any, a step's time)
+    + ``MARGIN_S`` passes ``end``. ``end`` None: never stop."""
+
+    def __init__(self, end: float | None) -> None:
+        self.end = end
+        self.step_s = 0.0
+        self.save_s: float | None = None
+
+    def saved(self, seconds: float) -> None:
+        self.save_s = max(self.save_s or 0.0, seconds)
+
+    def stop_after(self, step_s: float, now: float | None = None) -> bool:
+        """Record a step that took ``step_s`` seconds; True when another step and a checkpoint would
+        not end before ``end``."""
+        if self.end is None:
+            return False
+        self.step_s = max(self.step_s, step_s)
+        save = self.save_s if self.save_s is not None else self.step_s
+        now = time.time() if now is None else now
+        return now + STEP_SLACK * self.step_s + save + MARGIN_S > self.end
+
+
+def for_segment(cell: str, stop_by: float | None, *, main: bool, broadcast: Callable[[Any], Any]) -> Deadline:
+    """The segment's :class:`Deadline` from rank 0's reading of the job's end (``broadcast``: rank 0's
+    value on every rank, so all ranks stop alike), said once in the job's log."""
+    end = broadcast(job_end(stop_by) if main else None)
+    if main and end is not None:
+        log.info(
+            "%s: the job ends at %s; a segment that would run past it stops at a checkpoint first",
+            cell,
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)),
+        )
+    return Deadline(end)
+
+
+def stopped(cell: str, step: int, end: float, checkpoint: str) -> WalltimeStop:
+    left = max(end - time.time(), 0.0)
+    return WalltimeStop(
+        f"{cell}: stopped after step {step}, {left:.0f} s before the job's end (its walltime), to save "
+        f"{checkpoint} rather than be killed mid-segment; the retry (or rerun of the same command) "
+        f"resumes from step {step}. Raise the job's runtime to finish a segment in one job"
+    )
