@@ -70,7 +70,9 @@ def resolve_target(target: str | Callable) -> Callable:
 @dataclass(frozen=True)
 class GraderSpec:
     """One grader. ``programs``: it grades programs (no majority vote over them; sandbox layers are
-    recorded). ``pooled``: its grade/reward functions run in a GradingPool of killable workers."""
+    recorded). ``pooled``: its grade/reward functions run in a GradingPool of killable workers.
+    ``same_answer``: ``f(a, b) -> bool``, whether two extracted answers are one answer in maj@k's
+    vote (None: identical strings only)."""
 
     name: str
     record: Record
@@ -79,6 +81,7 @@ class GraderSpec:
     reward: str | RewardFn | None = None
     programs: bool = False
     pooled: bool = False
+    same_answer: str | Callable[[str, str], bool] | None = None
 
     def grade_fn(self) -> GradeFn:
         return resolve_target(self.grade)
@@ -88,6 +91,9 @@ class GraderSpec:
 
     def reward_fn(self) -> RewardFn | None:
         return None if self.reward is None else resolve_target(self.reward)
+
+    def same_answer_fn(self) -> Callable[[str, str], bool] | None:
+        return None if self.same_answer is None else resolve_target(self.same_answer)
 
     def sample_fields(self) -> tuple[str, ...]:
         """What a row to grade must carry."""
@@ -145,7 +151,13 @@ for _name, _kw in (
     ("tiny", dict(record="answer", check_row=f"{_R}:check_tiny_row", reward=f"{_V}:tiny_rewards")),
     (
         "math",
-        dict(record="answer", check_row=f"{_R}:check_math_row", reward=f"{_V}:math_rewards", pooled=True),
+        dict(
+            record="answer",
+            check_row=f"{_R}:check_math_row",
+            reward=f"{_V}:math_rewards",
+            pooled=True,
+            same_answer="aggbench.grading.math:same_answer",  # maj@k pools "0.5" and "1/2"
+        ),
     ),
     # the DAPO recipe's reward (verl math_dapo.compute_score, ported): DAPO-17k's training reward
     ("dapo", dict(record="answer", check_row=f"{_R}:check_math_row", reward=f"{_V}:dapo_rewards")),

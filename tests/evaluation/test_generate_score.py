@@ -262,6 +262,33 @@ def test_majority_vote_takes_a_judged_verdict():
     assert m["not_judged"] == 1  # the time-out: the harness, not the grader, decided it
 
 
+def test_majority_vote_pools_equivalent_math_answers():
+    """maj@k pools the answers the math grader calls one answer (math-verify, as grading compares a
+    response with its gold): "1/2", "0.5" and "\\frac{1}{2}" outvote "3" twice; graders without
+    ``same_answer`` (tiny) pool identical strings only; a timed-out sample pools by its string only."""
+    from aggbench.evaluation.score import compute_metrics
+    from aggbench.grading.math import same_answer
+
+    assert same_answer("0.5", "\\frac{1}{2}") and same_answer("1/2", "0.5") and same_answer("025", "25")
+    assert same_answer("x+1", "1+x") and not same_answer("3", "\\frac{1}{2}") and not same_answer("2", "-2")
+
+    def rows(answers, reasons=None):
+        reasons = reasons or ["equivalent" if a != "3" else "not_equivalent" for a in answers]
+        return [
+            {"id": "p", "sample": j, "extracted": a, "correct": a != "3", "reason": r}
+            for j, (a, r) in enumerate(zip(answers, reasons, strict=True))
+        ]
+
+    answers = ["3", "\\frac{1}{2}", "0.5", "3", "1/2"]
+    assert compute_metrics(rows(answers), grader="math")["maj@5"] == 1.0  # 3 pooled vs "3" twice
+    assert compute_metrics(rows(answers), grader="tiny")["maj@5"] == 0.0  # as written: "3" wins
+    # the time-out's "0.5" stays apart: "3" x2 ties "1/2" + "\\frac{1}{2}" x2, and "3" came first
+    timed_out = ["3", "3", "0.5", "1/2", "\\frac{1}{2}"]
+    reasons = ["not_equivalent", "not_equivalent", "timeout", "equivalent", "equivalent"]
+    assert compute_metrics(rows(timed_out, reasons), grader="math")["maj@5"] == 0.0
+    assert compute_metrics(rows(timed_out), grader="math")["maj@5"] == 1.0  # judged: it pools
+
+
 def test_counts_and_lengths_say_which_responses_they_are_over():
     """An empty answer does not win the vote; the harness's failures are counted (a program's own
     time-out is not one); lengths and truncation are over the responses that were generated."""

@@ -73,7 +73,7 @@ def maj_at_k(
 
 def majority_answer(row: Sequence[Hashable | None]) -> Hashable | None:
     """The voted answer of one problem (see :func:`maj_at_k` for the rule); None if none has one."""
-    votes = [a for a in row if _answered(a)]
+    votes = [a for a in row if answered(a)]
     counts = Counter(votes)
     if not counts:
         return None
@@ -81,7 +81,7 @@ def majority_answer(row: Sequence[Hashable | None]) -> Hashable | None:
     return next(a for a in votes if counts[a] == best)
 
 
-def _answered(answer: Hashable | None) -> bool:
+def answered(answer: Hashable | None) -> bool:
     """An answer that can take part in a vote: not None and not an empty or blank string."""
     return answer is not None and not (isinstance(answer, str) and not answer.strip())
 

@@ -108,10 +108,10 @@ def compute_metrics(
     """Metrics of one benchmark's graded samples (``id``, ``sample``, ``correct``, ``extracted``).
 
     avg@k uses each problem's first k samples; pass@k is the unbiased estimator over all n;
-    maj@k votes among the first k raw extracted answers (ties: the first to appear; answers are
-    compared as written, so ``0.5`` and ``1/2`` do not pool; an empty one does not vote) and takes
-    the verdict of that answer's first sample that the grader actually judged (not a timeout or a
-    crash). ``n_samples`` is the number of samples per problem; ``ci_low``/``ci_high`` bound avg@n
+    maj@k votes among the first k extracted answers (ties: the first to appear; answers the
+    grader's ``same_answer`` calls one answer pool, so the math grader's ``0.5`` and ``1/2`` vote
+    together, other graders' only as written; an empty one does not vote) and takes the verdict of
+    the winning answer's first sample that the grader actually judged (not a timeout or a crash). ``n_samples`` is the number of samples per problem; ``ci_low``/``ci_high`` bound avg@n
     (bootstrap over problems). ``mean_length`` and ``truncation_rate`` are over the responses that
     were generated (not those whose prompt did not fit the context: ``not_generated`` counts them);
     ``not_judged`` counts the responses the grading harness, not the grader, decided (a time-out, a
@@ -121,6 +121,7 @@ def compute_metrics(
 
     from aggbench.evaluation.context import PROMPT_TOO_LONG
     from aggbench.evaluation.metrics import bootstrap_ci, summarize
+    from aggbench.graders import get_grader
     from aggbench.grading.pool import harness_failed
 
     problems: dict[Any, list[Mapping[str, Any]]] = {}
@@ -129,11 +130,12 @@ def compute_metrics(
     ordered = [sorted(v, key=lambda r: r.get("sample", 0)) for v in problems.values()]
     n = min(len(v) for v in ordered)
     names = metric_names(grader, n, spec_metrics)
+    same = get_grader(grader).same_answer_fn()  # which answers maj@k pools (None: identical ones)
     flat = [r for v in ordered for r in v]
     out = summarize(flat, metrics=[m for m in names if not m.startswith("maj@")], n_boot=n_boot, seed=seed)
     for m in (m for m in names if m.startswith("maj@")):
         k = int(m.split("@")[1])
-        scores = np.array([_majority_correct(v[:k], harness_failed) for v in ordered])
+        scores = np.array([_majority_correct(v[:k], harness_failed, same) for v in ordered])
         out[m] = float(scores.mean())
         out[f"{m}_ci"] = list(bootstrap_ci(scores, n_boot=n_boot, seed=seed))
     generated = [r for r in flat if r.get("finish_reason") != PROMPT_TOO_LONG]
@@ -160,17 +162,41 @@ def compute_metrics(
     return out
 
 
-def _majority_correct(samples: Sequence[Mapping[str, Any]], harness_failed: Callable[[Any], bool]) -> float:
-    """1.0 when the majority answer of ``samples`` (one problem's first k) is graded correct: the
-    verdict of its first sample the grader judged (``harness_failed`` false), else of its first."""
-    from aggbench.evaluation.metrics import majority_answer
+def _majority_correct(
+    samples: Sequence[Mapping[str, Any]],
+    harness_failed: Callable[[Any], bool],
+    same: Callable[[str, str], bool] | None = None,
+) -> float:
+    """1.0 when the majority answer of ``samples`` (one problem's first k) is graded correct.
 
-    winner = majority_answer([s.get("extracted") for s in samples])
-    if winner is None:
+    Answers vote together where they are one answer: identical strings, and where the grader's
+    ``same`` says so (math: ``0.5``, ``\\frac{1}{2}`` and ``1/2``), each answer joining the first
+    earlier pool it matches; a sample the grading harness failed (a time-out: its answer may be what
+    hung the grader) pools by identical strings only. The largest pool wins, ties to the pool whose
+    first answer came first (without ``same``: :func:`~aggbench.evaluation.metrics.majority_answer`);
+    its verdict is that of its first sample the grader judged, else of its first sample."""
+    from aggbench.evaluation.metrics import answered
+
+    pools: list[list[Mapping[str, Any]]] = []
+    for s in samples:
+        a = s.get("extracted")
+        if not answered(a):
+            continue
+        compare = same is not None and isinstance(a, str) and not harness_failed(s.get("reason"))
+        for pool in pools:
+            b = pool[0].get("extracted")
+            if a == b or (
+                compare and isinstance(b, str) and not harness_failed(pool[0].get("reason")) and same(a, b)
+            ):
+                pool.append(s)
+                break
+        else:
+            pools.append([s])
+    if not pools:
         return 0.0
-    same = [s for s in samples if s.get("extracted") == winner]
-    judged = [s for s in same if not harness_failed(s.get("reason"))]
-    return float(bool((judged or same)[0]["correct"]))
+    winner = max(pools, key=len)  # the first of the largest
+    judged = [s for s in winner if not harness_failed(s.get("reason"))]
+    return float(bool((judged or winner)[0]["correct"]))
 
 
 def score_benchmark(

@@ -365,6 +365,25 @@ def grade_math(
     return verdicts[0]
 
 
+def same_answer(a: str, b: str, *, timeout_s: float = 5.0) -> bool:
+    """Whether two extracted answers are one answer for maj@k's vote (``"0.5"``, ``"\\frac{1}{2}"``
+    and ``"1/2"`` pool), by the comparison grading uses between a response and its gold: both sides
+    normalised alike, math-verify with this module's vetoes; ``b`` (the vote's earlier answer) in
+    the gold's place. Identical strings are one answer; an answer over :data:`MAX_ANSWER_CHARS`, or a
+    comparison past ``timeout_s`` (soft: main thread), is its own."""
+    if a == b:
+        return True
+    if len(a) > MAX_ANSWER_CHARS or len(b) > MAX_ANSWER_CHARS or not a.strip() or not b.strip():
+        return False
+    try:
+        with _soft_deadline(timeout_s):
+            return _compare(
+                _common(strip_number_decoration(a)), _common(strip_number_decoration(b)), None
+            ).correct
+    except GradingTimeout:
+        return False
+
+
 def grading_options(grading: Mapping[str, Any] | None) -> dict[str, Any]:
     """A benchmark record's ``grading`` dict (OlympiadBench ``error``, ``unit``,
     ``is_multiple_answer``) -> grade_math kwargs (``tolerance``, ``unit``, ``multiple_answer``)."""
