@@ -44,3 +44,39 @@ def test_the_livecodebench_join_file_is_pinned_too(tmp_path: Path, shared_data: 
     join.write_text(join.read_text().replace("Return", "return", 1))  # one word changed, same rows
     with pytest.raises(DataUnavailableError, match=r"offline_join\.sha256 pins 6441538a"):
         load_benchmark("livecodebench", data_dir=data)
+
+
+def test_a_source_with_another_row_count_than_expected_rows_is_refused(
+    tmp_path: Path, shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``expected_rows`` checks what a pin cannot: a hub split or revision, or a damaged datasets
+    cache. Here a spec without its offline pin (a user's copy of aime24's spec, as the hub path would
+    be) reads a copy with one row dropped: load and fetch both refuse it, naming the field; the
+    shipped specs' counts are their files' (every shipped copy loads: the pin test above)."""
+    from aggbench.data import DataError
+    from aggbench.data.fetch import fetch_benchmarks, records_file
+
+    assert {n: load_benchmark_spec(n).expected_rows for n in ("math500", "aime24", "aime25")} == {
+        "math500": 500,
+        "aime24": 30,
+        "aime25": 30,
+    }
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    text = (Path(__file__).resolve().parents[2] / "configs/benchmarks/aime24.yaml").read_text()
+    text = "".join(line for line in text.splitlines(keepends=True) if not line.startswith("offline_sha256:"))
+    (specs / "mine.yaml").write_text(text.replace("name: aime24", "name: mine"))
+    monkeypatch.setenv("AGGBENCH_BENCHMARK_DIR", str(specs))
+    data = tmp_path / "data"
+    shutil.copytree(shared_data, data)
+    copy = data / load_benchmark_spec("mine").offline_file
+    copy.chmod(0o644)
+    assert len(load_benchmark("mine", data_dir=data)) == 30  # the whole file: as expected
+    copy.write_text("".join(copy.read_text().splitlines(keepends=True)[:-1]))  # the last row gone
+    with pytest.raises(DataError, match=r"mine: 29 rows, but the spec's expected_rows is 30"):
+        load_benchmark("mine", data_dir=data)
+    assert len(load_benchmark("mine", data_dir=data, limit=5)) == 5  # a limit reads a part: no count
+    root = tmp_path / "fetched"
+    with pytest.raises(DataError, match=r"mine: 29 rows, but the spec's expected_rows is 30"):
+        fetch_benchmarks(["mine"], root, data_dir=data, echo=lambda _line: None)
+    assert not records_file(root, "mine").exists()  # nothing half-written kept

@@ -91,6 +91,9 @@ class BenchmarkSpec(DataSpec):
     evalplus: EvalPlusSource | None = None  # HumanEval+/MBPP+ through evalplus's own loaders
     holdout_of: str | None = None  # a training dataset's held-out problems (its `holdout:`), for selection
     optional: bool = False  # not in the paper's default list (configs/paper.yaml); extra dependencies
+    # the source's row count (before the date window and any limit): a hub, URL or offline source that
+    # yields another is refused (a different split or revision, a damaged cache), as offline_sha256 pins a file
+    expected_rows: int | None = Field(default=None, ge=1)
     answer_from: Literal["field", "boxed_in_solution"] = "field"
     date_window: DateWindow | None = None
     prompt_template: str = "{prompt}"
@@ -222,14 +225,30 @@ def load_benchmark(
     else:  # open_rows called here, so its warnings point at this function's caller
         opened = spec.open_rows(resolve_data_dir(data_dir), join=spec.offline_join)
         records, source = _canonical(spec, opened), opened.source
-    out = []
+    out, read = [], 0
     for record in records:
+        read += 1
         if spec.date_window and not spec.date_window.contains(datetime.fromisoformat(record["date"])):
             continue
         out.append(record)
         if limit is not None and len(out) >= limit:
             break
+    else:  # read to the end: the count the spec expects
+        check_row_count(spec, read, source)
     return BenchmarkRecords(out, spec=spec, source=source)
+
+
+def check_row_count(spec: BenchmarkSpec, count: int, source: str) -> None:
+    """Refuse a source that yields another number of rows than the spec's ``expected_rows``."""
+    if spec.expected_rows is not None and count != spec.expected_rows:
+        raise DataError(
+            source,
+            None,
+            None,
+            f"{spec.name}: {count} rows, but the spec's expected_rows is {spec.expected_rows}: another "
+            "split, revision or file than the spec was written for, or a damaged download. Check the "
+            "spec's source against its comments (delete a damaged datasets cache entry to download again)",
+        )
 
 
 def iter_records(

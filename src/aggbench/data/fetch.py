@@ -177,7 +177,7 @@ def fetch_benchmarks(
     is rewritten after each benchmark, so an interruption keeps what was fetched. Errors from one
     benchmark stop the fetch (nothing half-written stays: the records file is written atomically).
     """
-    from aggbench.data.benchmarks import iter_records, load_benchmark_spec
+    from aggbench.data.benchmarks import check_row_count, iter_records, load_benchmark_spec
 
     names, refetch, root = list(dict.fromkeys(names)), set(refetch), Path(root)
     unknown = sorted(refetch - set(names))
@@ -217,6 +217,7 @@ def fetch_benchmarks(
                 fh.write(line)
                 count += 1
                 public_only += bool(record.get("public_tests_only"))
+            check_row_count(spec, count, source)  # raised inside: the file is not kept
             if public_only and not allow_public_tests_only:  # raised inside: the file is not kept
                 raise FetchedDataError(
                     f"{name}: the source here ({source}) has public tests only for {public_only} of "
