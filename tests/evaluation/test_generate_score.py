@@ -308,12 +308,16 @@ def test_counts_and_lengths_say_which_responses_they_are_over():
         row("c", 0, "1", False, "worker_crashed", 50, "stop"),
         row("c", 1, "1", False, "error: ValueError: x", 50, "stop"),
         row("c", 2, "2", False, "timeout: test 3/10 failed", 50, "stop"),  # the program's own time-out
+        row("d", 0, "x", False, "sandbox_error: test 1/4 failed (the runner ended early)", 10, "stop"),
+        row("d", 1, "x", False, "sandbox_error: the run ended before every test ran", 10, "stop"),
+        row("d", 2, "y", False, "runtime_error: test 2/4 failed", 10, "stop"),  # the program's own error
     ]
     m = compute_metrics(rows, grader="math")
-    assert m["maj@3"] == pytest.approx(1 / 3)  # a: "7" wins over two empty answers
-    assert m["not_generated"] == 3 and m["not_judged"] == 2
-    assert m["mean_length"] == pytest.approx(75.0)  # the six generated responses, not 50 over nine
-    assert m["truncation_rate"] == pytest.approx(1 / 6)
+    assert m["maj@3"] == pytest.approx(1 / 4)  # a: "7" wins over two empty answers
+    # c's crash and error, d's two sandbox failures (the sandbox, not the program, ended the run)
+    assert m["not_generated"] == 3 and m["not_judged"] == 4
+    assert m["mean_length"] == pytest.approx(480 / 9)  # the nine generated responses, not over twelve
+    assert m["truncation_rate"] == pytest.approx(1 / 9)
 
 
 def test_score_uses_each_records_tolerance_and_unit(data_env, tmp_path):

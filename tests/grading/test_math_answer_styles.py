@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from aggbench.grading.math import grade_math, grade_math_batch
+from aggbench.grading.math_extract import extract_answer
 from aggbench.grading.pool import GradingPool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -204,3 +205,20 @@ def test_olympiadbench_multiple_answer_problems(shared_data):
     # flagged, one-answer gold: an extra box is an extra answer
     assert grade_math("\\boxed{3}", ["$3$"], **opts).correct
     assert not grade_math("\\boxed{2}, \\boxed{3}", ["$3$"], **opts).correct
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "Hence $m+n=\\boxed{33}$.\n\nAnswer: 33 (m = 11, n = 22)",
+        "So the total is \\boxed{33}.\nAnswer: 33 dollars",
+        "Thus \\boxed{33}.\nAnswer: 33, because 11 + 22 = 33",
+        "We get \\boxed{33}.\nFinal Answer: 33 (from step 3)",
+        "so \\boxed{33}.\n\nQuestion: Compute $2+3$.\nAnswer: 5",  # a run-on past the answer
+    ],
+)
+def test_a_later_answer_line_does_not_override_a_box(response):
+    """A plain ``Answer:`` line after a box is the box restated with words or a run-on: the box
+    stays the answer (math-verify ranks boxes first; a reviewer found these graded wrong)."""
+    assert extract_answer(response) == "33"
+    assert grade_math(response, "33").correct

@@ -138,6 +138,8 @@ def summarize(
     number of samples n. ``metrics`` (e.g. a spec's ``["avg@4", "pass@1", "maj@4"]``) defaults to
     avg@n, pass@k for k in 1, 2, 4, ... and n, and maj@n when answers are present. avg@k and
     maj@k with k < n use each problem's first k samples; pass@k uses all n (unbiased estimator).
+    maj@k here votes on answers as written (:func:`maj_at_k`); ``aggbench score`` computes its own,
+    pooling the answers its grader calls one (``aggbench.evaluation.score.compute_metrics``).
 
     Returns ``{"n_problems", "n_samples", <metric>: value, "<metric>_ci": [lo, hi], ...}``.
     """

@@ -233,7 +233,7 @@ def score_benchmark(
         graded.append({**base, **{k: val for k, val in v.items() if k != "layers"}})
     try:
         metrics = compute_metrics(graded, grader=grader, spec_metrics=spec.metrics, n_boot=n_boot)
-    except ValueError as exc:  # the grader contradicts itself (one answer both right and wrong)
+    except ValueError as exc:  # samples the metrics cannot be computed from (one line, naming the file)
         raise EvaluationError(f"{samples_path}: {exc}") from exc
     metrics = {
         "benchmark": spec.name,

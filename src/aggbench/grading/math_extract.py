@@ -1,9 +1,10 @@
 """Final-answer extraction from a math response (the first half of :mod:`aggbench.grading.math`).
 
 :func:`extract_answer`, in this order:
-  1. the last ``\\boxed{...}`` / ``\\boxed ...`` / ``\\fbox{...}`` whose braces close, unless a
-     stated answer (2 or 3) with a number or math comes after it ("\\boxed{255} ... The final
-     answer is $10,455$. I hope it is correct.": the statement is the final word);
+  1. the last ``\\boxed{...}`` / ``\\boxed ...`` / ``\\fbox{...}`` whose braces close, unless
+     Minerva's sentence (3, also inside an ``Answer:`` line) with a number or math comes after it
+     ("\\boxed{255} ... The final answer is $10,455$. I hope it is correct.": the sentence is the
+     final word); a later plain ``Answer:`` line (2) does not override a box;
      :func:`extract_answers` gives a final list of boxes (``\\boxed{1}, \\boxed{2}``) apart;
   2. else the last DAPO ``Answer: ...`` line (``Answer: $42$``, ``Answer: 42``; in a sentence, what
      follows its verb: ``Answer: The largest $n$ is 34.`` -> 34);
@@ -211,22 +212,24 @@ def _after_verb(line: str) -> str:
     return rest if re.search(r"\d|\$|\\[(\[]", rest) else line
 
 
-def _statement(text: str) -> tuple[int, str] | None:
-    """(where, answer) of the last stated final answer outside a box: the last DAPO ``Answer:``
-    line when it holds an answer, else Minerva's sentence; None when the response has neither."""
+def _statement(text: str) -> tuple[int, str, bool] | None:
+    """(where, answer, a Minerva sentence?) of the last stated final answer outside a box: the last
+    DAPO ``Answer:`` line when it holds an answer (a Minerva sentence when it says "The final answer
+    is ..."), else Minerva's sentence; None when the response has neither."""
     last = None
     for last in _ANSWER_LINE.finditer(text):  # noqa: B007 - we want the last match
         pass
     if last is not None:
         line = last.group(1).strip().strip("*").strip()  # "**Answer:** 17" leaves "** 17"
-        if "final answer is" in line.lower():
+        sentence = "final answer is" in line.lower()
+        if sentence:
             answer = _minerva_answer(line[line.lower().index("final answer is") + 15 :].lstrip(" \t:"))
         else:
             answer = _unwrap_math(_after_verb(line))
         if answer:
-            return last.start(), answer
+            return last.start(), answer, sentence
     minerva = _minerva(text)
-    return minerva if minerva is not None and minerva[1] else None
+    return (minerva[0], minerva[1], True) if minerva is not None and minerva[1] else None
 
 
 # --------------------------------------------------------------------------- unboxed answers
@@ -444,7 +447,7 @@ def strip_number_decoration(answer: str) -> str:
     return num
 
 
-def _final(response: str) -> tuple[tuple[int, int, str] | None, tuple[int, str | None] | None]:
+def _final(response: str) -> tuple[tuple[int, int, str] | None, tuple[int, str, bool] | None]:
     """(the last box, a stated answer that comes after it or stands alone)."""
     if not isinstance(response, str):
         raise TypeError(f"response must be a str, got {type(response).__name__}")
@@ -452,9 +455,12 @@ def _final(response: str) -> tuple[tuple[int, int, str] | None, tuple[int, str |
     statement = _statement(response)
     if box is not None and statement is not None:
         # A box, then "The final answer is $10,455$. I hope it is correct." (math-verify's
-        # regression case): the later statement is the final answer; it must hold a number or
-        # math, so "Answer: see above" leaves the box in charge.
-        later = statement[0] >= box[1] and statement[1] and re.search(r"[\d\\]", statement[1])
+        # regression case): the later sentence is the final answer; it must hold a number or math,
+        # so "The final answer is above" leaves the box in charge. A later DAPO "Answer:" line does
+        # not override a box: math-verify ranks it below boxes, and after a box it is most often the
+        # box restated with words ("Answer: 33 (m = 11, n = 22)") or a run-on ("Question: ...
+        # Answer: 5"), which would grade a boxed right answer wrong.
+        later = statement[0] >= box[1] and statement[2] and re.search(r"[\d\\]", statement[1])
         if not later:
             statement = None
     return box, statement

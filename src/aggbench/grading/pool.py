@@ -68,10 +68,12 @@ def default_workers() -> int:
 def harness_failed(reason: Any) -> bool:
     """Whether a verdict's ``reason`` says the grading harness decided it, not the response: the
     pool's failures (``timeout``, ``worker_crashed``, ``error: ...``; the math grader's own soft
-    deadline says ``timeout`` too). Such a verdict is scored wrong. A program's own time-out in the
-    code grader (``timeout: test 3/10 failed``) is the response's doing and is not one."""
+    deadline says ``timeout`` too) and the code sandbox's own (``sandbox_error: ...``: the child
+    died in set-up before the code ran, or the runner ended early). Such a verdict is scored wrong.
+    A program's own time-out in the code grader (``timeout: test 3/10 failed``) is the response's
+    doing and is not one."""
     text = str(reason or "")
-    return text in ("timeout", "worker_crashed") or text.startswith("error: ")
+    return text in ("timeout", "worker_crashed") or text.startswith(("error: ", "sandbox_error"))
 
 
 def default_failure(reason: str) -> dict[str, Any]:
