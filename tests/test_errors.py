@@ -42,6 +42,7 @@ INPUT_ERRORS: dict[str, type[Exception]] = {
     "AdapterConfigError": ValueError,
     "RunLockedError": RuntimeError,
     "LockUnsupportedError": OSError,
+    "WalltimeTooShortError": RuntimeError,
     "CheckpointError": ValueError,
     "DiskFullError": OSError,
     "PowerError": ValueError,
@@ -54,6 +55,8 @@ INTERNAL: dict[str, str] = {  # class: why it is not bad input
     "GradingTimeout": "control flow inside the math grader's deadline",
     "InputTimeout": "control flow inside the sandboxed child",
     "Terminated": "SIGTERM as a SystemExit (exit status 143) inside the trainer's run status (train/run_status.py)",
+    "WalltimeStop": "the trainer stopping itself before its job's walltime, at a checkpoint (a Terminated: "
+    "train/walltime.py); a rerun resumes",
 }
 
 

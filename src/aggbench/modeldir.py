@@ -75,11 +75,13 @@ def directory_checksums(directory: Path) -> dict[str, str]:
     }
 
 
-def checksum_mismatch(directory: Path) -> tuple[Path, str] | None:
+def checksum_mismatch(directory: Path, part: tuple[int, int] = (0, 1)) -> tuple[Path, str] | None:
     """(file, why) for the first file of a committed checkpoint whose bytes differ from the sha256
     its COMPLETE marker recorded, or that is gone; None when all match, or when the directory has
     no marker with checksums (a prepared model, or a checkpoint written before they were recorded).
-    A directory is hashed once per process while no file's size or mtime changes."""
+    A directory is hashed once per process while no file's size or mtime changes. ``part`` (i, n):
+    only the i-th of n slices of the recorded files (the ranks of a job share the reading), and
+    nothing is cached: the caller marks the directory verified when every slice passed."""
     marker = Path(directory) / COMPLETE
     try:
         recorded = json.loads(marker.read_text(encoding="utf-8"))
@@ -91,7 +93,8 @@ def checksum_mismatch(directory: Path) -> tuple[Path, str] | None:
     key = _verified_key(Path(directory))
     if key in _VERIFIED:
         return None
-    for rel, want in sorted(sums.items()):
+    i, n = part
+    for rel, want in sorted(sums.items())[i::n]:
         path = Path(directory) / rel
         if not path.is_file():
             if rel.startswith(RETAINED_ONLY_LATEST):
@@ -103,7 +106,8 @@ def checksum_mismatch(directory: Path) -> tuple[Path, str] | None:
                 f"changed since the checkpoint was written: sha256 {got[:12]}..., recorded {want[:12]}...; "
                 "damaged on disk or in a copy"
             )
-    _VERIFIED.add(key)
+    if n == 1:
+        _VERIFIED.add(key)
     return None
 
 

@@ -20,8 +20,8 @@ PILOT = REPO / "configs" / "pilot.yaml"
 # What the pilot changes on purpose (its header and inline comments say so).
 PILOT_CHANGES = {
     ("training", "algorithm", "total_steps"): (200, 10),
-    ("training", "checkpoint", "every"): (25, 10),
-    ("evaluation", "every"): (25, 10),
+    ("training", "checkpoint", "every"): (25, 5),  # two segments: the second resumes a checkpoint
+    ("evaluation", "every"): (25, 5),
 }
 
 

@@ -216,33 +216,44 @@ def test_cli_names_an_empty_trainer_state_instead_of_aborted(tmp_path, trained):
     assert "Traceback" not in proc.stderr
 
 
-def test_a_resume_hashes_the_checkpoint_on_rank_0_only(tmp_path, trained, monkeypatch):
-    """Rank 0 hashes step_N and broadcasts the verdict: another rank reads no checkpoint byte for
-    the checksums (a 7B segment's shards, once per rank, were the reviewer's ~1 TB), and its later
-    check before loading does not hash either; a damaged file raises on every rank."""
+def test_a_resume_shares_the_checkpoint_hashing_between_ranks(tmp_path, trained, monkeypatch):
+    """Each rank hashes every world-th file of step_N and rank 0's gathered verdict goes to all:
+    rank 1 of 2 reads only its half for the checksums (every rank read every shard before: ~1 TB
+    per 7B segment by a reviewer's count), its later check before loading hashes nothing, and a
+    mismatch another rank found raises here too."""
     from aggbench import modeldir
     from aggbench.train.checkpoint import verify_checksums
+    from aggbench.train.parallel import Ranks
 
     _, src = trained
     run = tmp_path / "run"
     shutil.copytree(src, run)
-    hashed: list[Path] = []
-    real = modeldir.sha256_file
-    monkeypatch.setattr(modeldir, "sha256_file", lambda p: hashed.append(Path(p)) or real(p))
-    sent: list = []
-
-    def rank0_says(verdict):  # what this rank sends, then rank 0's verdict
-        return lambda obj: sent.append(obj) or verdict
-
-    verify_checksums(run, 1, main=False, broadcast=rank0_says(None))
-    check_readable(run, 1)  # opening()'s check on this rank: verified already
-    assert hashed == [] and sent == [None]
     step_dir = checkpoint_dir(run, 1)
+    recorded = sorted(json.loads((step_dir / COMPLETE).read_text())["sha256"])
+    hashed: list[str] = []
+    real = modeldir.sha256_file
+    monkeypatch.setattr(modeldir, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
+
+    class SecondOfTwo(Ranks):  # the collectives as rank 1 of 2 sees them, rank 0's verdict given
+        def __init__(self, verdict):
+            self.rank, self.world, self.verdict, self.sent = 1, 2, verdict, []
+
+        def gather_to_main(self, obj):
+            self.sent.append(obj)
+            return None
+
+        def broadcast(self, obj):
+            return self.verdict
+
+    rank1 = SecondOfTwo(None)
+    verify_checksums(run, 1, rank1)
+    check_readable(run, 1)  # opening()'s check on this rank: verified already
+    assert sorted(hashed) == sorted(Path(r).name for r in recorded[1::2]) and rank1.sent == [None]
+    hashed.clear()
     _damage(step_dir / "model.safetensors", "inside")  # (its mtime changes: the cache no longer holds)
     bad = (step_dir / "model.safetensors", "changed since the checkpoint was written")
     with pytest.raises(CheckpointError, match=r"model\.safetensors is unreadable \(changed since"):
-        verify_checksums(run, 1, main=False, broadcast=rank0_says(bad))
-    assert hashed == []
+        verify_checksums(run, 1, SecondOfTwo(bad))
     with pytest.raises(CheckpointError, match=r"model\.safetensors is unreadable \(changed since"):
-        verify_checksums(run, 1, main=True, broadcast=lambda obj: obj)  # rank 0 (one process) hashes
-    assert step_dir / "model.safetensors" in hashed
+        verify_checksums(run, 1, Ranks())  # one process hashes every file
+    assert "model.safetensors" in hashed

@@ -128,3 +128,42 @@ def test_resume_on_other_training_records_is_refused_and_a_moved_file_is_not(
         2,
     )
     assert data_changes(out) == [f"from step 2: 255 records of {fewer} (sha256 {now[1]['sha256'][:12]})"]
+
+
+def test_resume_after_a_plugin_rules_file_changed_is_refused(tmp_path, tiny_sft_model, tiny_train_data):
+    """A plugin's rule is pinned by its file's sha256 in aggregation.json: an edit between two
+    segments (a reviewer's case: the live file on a shared filesystem, the version unchanged) is
+    refused naming both hashes and the fixes; --allow-config-change resumes on purpose."""
+    import json
+
+    import yaml
+
+    from aggbench import layout
+    from aggbench.aggregation.contract import RULES
+    from aggbench.train.loop import train
+
+    plugin = tmp_path / "pinned_rule.py"
+    plugin.write_text(
+        "from aggbench.aggregation import get_rule, register_rule\n\n\n"
+        '@register_rule("test_pinned_rule")\n'
+        "def test_pinned_rule(mask, advantages, group_ids):\n"
+        '    return get_rule("token").fn(mask, advantages, group_ids)\n'
+    )
+    cell = write_cell(
+        tmp_path / "cell.yaml", tiny_sft_model, tiny_train_data, rule="test_pinned_rule", steps=2, every=1
+    )
+    cell.write_text(yaml.safe_dump({**yaml.safe_load(cell.read_text()), "plugins": [str(plugin)]}))
+    out = tmp_path / "run"
+    try:
+        cfg = load_train_config(cell, {"tracking.enabled": False, "device": "cpu"})
+        train(cfg, out, until_step=1, quiet=True)
+        stored = json.loads(layout.rule_file(out).read_text())
+        assert stored["source_file"] == str(plugin) and len(stored["source_sha256"]) == 16
+        plugin.write_text(plugin.read_text() + "# edited between segments\n")
+        with pytest.raises(
+            ConfigError, match=r"pinned_rule\.py at sha256 [0-9a-f]{16}; that plugin's file .* is now"
+        ):
+            train(cfg, out, quiet=True)
+        assert train(cfg, out, quiet=True, allow_config_change=True)["end_step"] == 2
+    finally:
+        RULES.remove("test_pinned_rule")

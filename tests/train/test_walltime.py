@@ -29,6 +29,29 @@ def test_the_stop_rule_adds_the_slowest_step_a_save_and_the_margin():
     assert walltime.Deadline(end=None).stop_after(1e9, now=1e12) is False  # no known end: never
 
 
+def test_a_resumed_segment_starts_from_the_runs_own_timings(tmp_path):
+    """The slowest of the last 5 steps (generate + update) and the latest save (its COMPLETE
+    marker's time less its step's row time) seed the rule, so the first stop decision of a job does
+    not guess the save from a step; a job whose end leaves less than that refuses to start."""
+    rows = [
+        {"step": s, "time": 1000.0 + s, "time/generate_s": 10.0 * s, "time/update_s": 1.0}
+        for s in range(1, 8)
+    ]
+    complete = tmp_path / "COMPLETE"
+    complete.write_text("{}")
+    os.utime(complete, (rows[-1]["time"] + 30.0, rows[-1]["time"] + 30.0))
+    assert walltime.past_timings(rows, complete) == (71.0, 30.0)  # steps 3..7: the slowest is 7's
+    assert walltime.past_timings([], None) == (0.0, None)
+    d = walltime.for_segment("c", time.time() + 1e6, main=True, broadcast=lambda x: x, timings=(71.0, 30.0))
+    assert (d.step_s, d.save_s) == (71.0, 30.0) and d.need() == 1.25 * 71.0 + 30.0 + walltime.MARGIN_S
+    with pytest.raises(
+        walltime.WalltimeTooShortError, match=r"the job ends in \d+ s, but one step .*raise the train"
+    ):
+        walltime.for_segment("c", time.time() + 100.0, main=True, broadcast=lambda x: x, timings=(71.0, 30.0))
+    # no past steps (a run's first segment): nothing to judge by, it starts
+    walltime.for_segment("c", time.time() + 1.0, main=True, broadcast=lambda x: x)
+
+
 def test_the_end_comes_from_stop_by_then_slurm(monkeypatch, tmp_path):
     monkeypatch.delenv(walltime.END_ENV, raising=False)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)

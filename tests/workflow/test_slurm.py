@@ -121,7 +121,7 @@ def test_minimal_grid_runs_through_the_slurm_profile(wf, tmp_path, tiny_model):
 
     # the train job read its end from SLURM (squeue on Slurm 22.05): inside the job's 30-minute limit
     (train_log,) = (results / "logs" / "train").rglob("step_2.log")
-    ends = re.findall(r"the job ends at (\S+);", train_log.read_text())
+    ends = re.findall(r"the job ends at (\S+) \(", train_log.read_text())
     assert len(ends) == 1, train_log.read_text()[-3000:]
     end = datetime.fromisoformat(ends[0]).timestamp()
     assert t_submit < end <= time.time() + 30 * 60, (ends, t_submit)

@@ -101,6 +101,8 @@ rule train:
     resources:
         **rule_resources("train", model_of_cell),
     shell:
+        # appended: a retry (a walltime stop, a node failure) keeps the earlier attempts' logs
         "{JOB_ENV} export OMP_NUM_THREADS={threads}; "
+        'echo "== $(date -Is) attempt: train {wildcards.cell} to step {wildcards.step}" >> {log}; '
         "{params.launch} train --config {input.cell} --out {params.run_dir} --until-step {wildcards.step} "
-        "--quiet > {log} 2>&1"
+        "--quiet >> {log} 2>&1"

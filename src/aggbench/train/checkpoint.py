@@ -28,7 +28,7 @@ import os
 import pickle
 import shutil
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -157,14 +157,18 @@ def check_readable(run_dir: Path, step: int, *, checksums: bool = True) -> None:
         raise unreadable(run_dir, step, *bad)
 
 
-def verify_checksums(run_dir: Path, step: int, *, main: bool, broadcast: Callable[[Any], Any]) -> None:
-    """step_N's bytes against the sha256 its COMPLETE marker recorded, hashed by rank 0 alone (``main``)
-    and its verdict sent to every rank (``broadcast``: rank 0's value on every rank), so a job of
-    many ranks reads the checkpoint once, not once per rank. Raises :class:`CheckpointError` on
-    every rank; afterwards :func:`check_readable` (every rank) does not hash the directory again."""
+def verify_checksums(run_dir: Path, step: int, ranks: Any) -> None:
+    """step_N's bytes against the sha256 its COMPLETE marker recorded, the files shared out between
+    the job's ranks (each hashes every world-th file; ``ranks``: ``aggbench.train.parallel.Ranks``),
+    the verdicts gathered on rank 0 and its first mismatch sent to every rank: each file is read
+    once, and the wait in the collectives is the slowest slice, not the whole checkpoint. Raises
+    :class:`CheckpointError` on every rank; afterwards :func:`check_readable` (every rank) does not
+    hash the directory again."""
     check_readable(run_dir, step, checksums=False)  # an empty or truncated file: named as such first
     d = checkpoint_dir(run_dir, step)
-    bad = broadcast(checksum_mismatch(d) if main else None)
+    mine = checksum_mismatch(d, (ranks.rank, ranks.world))
+    verdicts = ranks.gather_to_main(mine)
+    bad = ranks.broadcast(next((v for v in verdicts if v is not None), None) if verdicts else None)
     if bad is not None:
         raise unreadable(run_dir, step, *bad)
     mark_verified(d)
@@ -324,9 +328,30 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def check_rule_version(out: Path, rule: Any) -> None:
+def rule_source(rule: Any) -> dict[str, str]:
+    """``{"source_file", "source_sha256"}`` of a rule a user's plugin defines (its function's file,
+    sha256 in 16 hex digits); {} for a rule aggbench ships (its version says what it computes)."""
+    import hashlib
+    import inspect
+
+    fn = rule.spec.fn
+    module = getattr(fn, "__module__", "") or ""
+    if module == "aggbench" or module.startswith("aggbench."):
+        return {}
+    try:
+        path = Path(inspect.getsourcefile(fn) or "")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return {}
+    return {"source_file": str(path), "source_sha256": digest}
+
+
+def check_rule_version(out: Path, rule: Any, *, allow_change: bool = False) -> None:
     """Refuse to resume a run trained under another version of its rule (a changed meaning: results
-    of the two must never be mixed). A run from before aggregation.json existed was version 1."""
+    of the two must never be mixed). A run from before aggregation.json existed was version 1. A
+    plugin's rule is also pinned by its file's sha256 as the run's first segment found it (an edit
+    may change the weights with the version unchanged); ``allow_change`` (``--allow-config-change``)
+    lets a run resume past such an edit."""
     path = rule_file(out)
     stored = json.loads(path.read_text()) if path.is_file() else {"rule": rule.rule, "version": "1"}
     if stored.get("rule") == rule.rule and str(stored.get("version")) != rule.spec.version:
@@ -335,6 +360,18 @@ def check_rule_version(out: Path, rule: Any) -> None:
             f"aggbench's {rule.rule!r} is version {rule.spec.version}, whose meaning differs "
             "(docs/aggregations.md). Results of the two versions must not be mixed: train the cell into a "
             "new results directory"
+        )
+    now = rule_source(rule).get("source_sha256")
+    was = stored.get("source_sha256")
+    if stored.get("rule") == rule.rule and was and now and was != now and not allow_change:
+        raise ConfigError(
+            f"{out} was trained with aggregation rule {rule.rule!r} from {stored.get('source_file')} at "
+            f"sha256 {was}; that plugin's file ({rule_source(rule)['source_file']}) is now {now}: an edit "
+            "may have changed the rule's weights with its version unchanged, and results of the two must "
+            "not be mixed. Restore the file; or give the changed rule a new version (register_rule("
+            "version=...)) and train the cell into a new results directory; or, for an edit that cannot "
+            "change the weights (a comment, another function), resume this segment once by hand with "
+            "`aggbench train ... --allow-config-change`"
         )
 
 

@@ -129,7 +129,7 @@ def train(
     start = layout.latest_resumable(out) or 0
     if start:
         check_resume(out, cfg, allow_change=allow_config_change)
-        checkpoint.check_rule_version(out, rule)
+        checkpoint.check_rule_version(out, rule, allow_change=allow_config_change)
     last = min(until_step or a.total_steps, a.total_steps)
     records = _check_inputs(cfg, start) if start < last else None
     if start and records is not None:
@@ -142,6 +142,11 @@ def train(
             if until_step is not None and ranks.main:
                 _record_segment(out, until_step)
             return summary
+    except walltime.WalltimeStop:
+        # every rank waits for rank 0's retention, MLflow sync and status: under torchrun the first
+        # worker to exit ends the others, so one leaving early would cut rank 0's work short
+        ranks.barrier()
+        raise
     finally:
         ranks.teardown()
 
@@ -287,7 +292,11 @@ def _train_segment(
         dump_config(cfg, layout.resolved_config_file(out))
         environment.write(layout.environment_file(out))  # rewritten per segment, like the config
         if not layout.rule_file(out).exists():  # what the run was started with, kept on resumes
-            write_atomic(layout.rule_file(out), json.dumps(prep.rule.describe(), indent=2) + "\n")
+            described = {
+                **prep.rule.describe(),
+                **checkpoint.rule_source(prep.rule),
+            }  # a plugin's file pinned
+            write_atomic(layout.rule_file(out), json.dumps(described, indent=2) + "\n")
         checkpoint.clean_partial(out)
     ranks.barrier()
     # ---- resume point: the latest complete checkpoint with trainer state
@@ -328,9 +337,8 @@ def _train_segment(
     bar = step_log.progress(
         range(start + 1, last + 1), quiet, cfg.resolved_cell_id, initial=start, total=a.total_steps
     )
-    # the job's end (SLURM's walltime, or --stop-by): rank 0's reading, so every rank stops alike
-    deadline = walltime.for_segment(cfg.resolved_cell_id, prep.stop_by, main=main, broadcast=ranks.broadcast)
     try:
+        deadline = _deadline(cfg, out, start, prep, ranks, metrics_log)
         _run_steps(seg, out, bar, last, tokenizer, metrics_log, tracker, deadline, quiet)
     finally:
         reward_fn.close()
@@ -339,6 +347,21 @@ def _train_segment(
         if hasattr(engine, "close"):  # vLLM: before the process group goes (VLLMEngine.close)
             engine.close()
     return {"cell_id": cfg.resolved_cell_id, "start_step": start, "end_step": last}
+
+
+def _deadline(
+    cfg: TrainConfig, out: Path, start: int, prep: Prepared, ranks: Ranks, metrics_log: MetricsLog
+) -> walltime.Deadline:
+    """The job's end (SLURM's walltime, or --stop-by) and the run's past timings, read by rank 0, so
+    every rank stops alike (``aggbench.train.walltime``)."""
+    timings: tuple[float, float | None] = (0.0, None)
+    if ranks.main and start:
+        timings = walltime.past_timings(
+            metrics_log.read(), layout.checkpoint_dir(out, start) / layout.COMPLETE
+        )
+    return walltime.for_segment(
+        cfg.resolved_cell_id, prep.stop_by, main=ranks.main, broadcast=ranks.broadcast, timings=timings
+    )
 
 
 def _run_steps(
@@ -376,7 +399,7 @@ def _run_steps(
             if not saved:
                 _checkpoint(seg, out, step, tokenizer, metrics_log, tracker)
             where = str(layout.checkpoint_dir(out, step))
-            raise walltime.stopped(cfg.resolved_cell_id, step, deadline.end, where)
+            raise walltime.stopped(cfg.resolved_cell_id, step, deadline.end, where)  # train() syncs ranks
 
 
 def _fit_prompts(
@@ -384,11 +407,11 @@ def _fit_prompts(
 ) -> tuple[Any, list]:
     """The tokenizer, and the records whose prompts fit ``sampling.max_prompt_tokens``: over-long
     prompts leave before any is drawn, and before the weights load (``prompt_fit``). A resume's
-    step_N is checked first, its checksums hashed by rank 0 only (every rank gets the verdict)."""
+    step_N is checked first, its files' checksums shared out between the ranks."""
     from transformers import AutoTokenizer
 
     if start:
-        checkpoint.verify_checksums(out, start, main=ranks.main, broadcast=ranks.broadcast)
+        checkpoint.verify_checksums(out, start, ranks)
     with checkpoint.opening(out, start, cfg.model.path) as model_dir:  # step_N, or model.path
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     report = layout.prompt_filter_file(out) if ranks.main else None

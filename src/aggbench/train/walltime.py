@@ -4,9 +4,14 @@ A train job is one segment (``checkpoint.every`` steps, ``aggbench.train.loop``'
 regular checkpoint is at the segment's end. A job that SLURM kills at its walltime loses every step
 since the segment's start, and a retry with the same ``runtime`` meets the same end. With a known
 end time the trainer instead checks after each step whether one more step and a checkpoint still
-fit; when they do not, it saves the step it is at (an extra ``step_N``: the retention policy drops
-it later like any other) and exits with :class:`WalltimeStop` (exit status 143, MLflow KILLED). The
-retry, or a rerun of the same command, resumes from that step: each attempt keeps its work.
+fit; when they do not, it saves the step it is at (an extra ``step_N``: under ``keep_weights:
+eval_steps``, the shipped configs', the retention policy drops it at the next save unless it is an
+evaluated step; under ``all`` its weights stay) and exits with :class:`WalltimeStop` (exit status
+143; under torchrun, which reports a failed worker as 1, the job's status is 1; MLflow KILLED). The
+retry, or a rerun of the same command, resumes from that step: each attempt keeps its work. A
+resumed segment starts from the run's own timings (the last steps' ``time/generate_s`` +
+``time/update_s``, and the latest checkpoint's save: its COMPLETE marker's time less its step's row
+time), and refuses to start when not even one step and a save fit (:class:`WalltimeTooShortError`).
 
 Where the end comes from, first found wins: ``aggbench train --stop-by`` (a Unix time), SLURM's
 ``$SLURM_JOB_END_TIME`` (set by Slurm 23.02 and later), else ``squeue -j $SLURM_JOB_ID -o %e`` (the
@@ -22,8 +27,10 @@ import subprocess
 import time
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
+from aggbench.errors import InputError
 from aggbench.train.run_status import Terminated
 
 log = logging.getLogger("aggbench.train.walltime")
@@ -48,6 +55,11 @@ class WalltimeStop(Terminated):
         return self.message
 
 
+class WalltimeTooShortError(InputError, RuntimeError):
+    """A resumed segment's job ends before one step and a checkpoint could finish (by the run's own
+    timings): the train job's ``runtime`` is too short for this model."""
+
+
 def job_end(stop_by: float | None) -> float | None:
     """The Unix time the job ends: ``stop_by`` if given, else SLURM's (see the module docstring);
     None outside a SLURM job or when SLURM does not say (an unlimited job)."""
@@ -66,9 +78,15 @@ def job_end(stop_by: float | None) -> float | None:
         return None
     try:
         out = subprocess.run(
-            ["squeue", "-h", "-j", job, "-o", "%e"], capture_output=True, text=True, timeout=60, check=True
+            ["squeue", "-h", "-j", job, "-o", "%e"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            # ISO dates whatever the site or user sets (a "relative" format would not parse)
+            env={**os.environ, "SLURM_TIME_FORMAT": "standard"},
         ).stdout.strip()
-        return datetime.fromisoformat(out).timestamp()  # squeue prints the controller's local time
+        return datetime.fromisoformat(out).timestamp()  # squeue prints this machine's local time
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         log.warning(
             "SLURM job %s: could not read its end time from squeue (%s): no stop before the walltime",
@@ -83,10 +101,10 @@ class Deadline:
     ``STEP_SLACK``) + one checkpoint's save time (the slowest save seen; before any, a step's time)
     + ``MARGIN_S`` passes ``end``. ``end`` None: never stop."""
 
-    def __init__(self, end: float | None) -> None:
+    def __init__(self, end: float | None, step_s: float = 0.0, save_s: float | None = None) -> None:
         self.end = end
-        self.step_s = 0.0
-        self.save_s: float | None = None
+        self.step_s = step_s  # the slowest step seen (a resumed segment: its run's last steps')
+        self.save_s = save_s
 
     def saved(self, seconds: float) -> None:
         self.save_s = max(self.save_s or 0.0, seconds)
@@ -97,22 +115,60 @@ class Deadline:
         if self.end is None:
             return False
         self.step_s = max(self.step_s, step_s)
+        return (time.time() if now is None else now) + self.need() > self.end
+
+    def need(self) -> float:
+        """Seconds one more step and its checkpoint are allowed: the slowest step x ``STEP_SLACK``,
+        the slowest save (before any is known: a step's time), and ``MARGIN_S``."""
         save = self.save_s if self.save_s is not None else self.step_s
-        now = time.time() if now is None else now
-        return now + STEP_SLACK * self.step_s + save + MARGIN_S > self.end
+        return STEP_SLACK * self.step_s + save + MARGIN_S
 
 
-def for_segment(cell: str, stop_by: float | None, *, main: bool, broadcast: Callable[[Any], Any]) -> Deadline:
+def past_timings(rows: list[dict[str, Any]], complete: Path | None) -> tuple[float, float | None]:
+    """(slowest of the last 5 steps, the latest checkpoint's save) in seconds from a run's files:
+    ``rows`` its metrics rows up to the resume step (step time: ``time/generate_s`` +
+    ``time/update_s``), ``complete`` that checkpoint's COMPLETE marker (written when the save ended;
+    its step's row was written just before the save began). (0.0, None) where they say nothing."""
+    steps = [r.get("time/generate_s", 0.0) + r.get("time/update_s", 0.0) for r in rows[-5:]]
+    save = None
+    if rows and complete is not None and complete.is_file() and isinstance(rows[-1].get("time"), float):
+        save = max(complete.stat().st_mtime - rows[-1]["time"], 0.0)
+    return max(steps, default=0.0), save
+
+
+def for_segment(
+    cell: str,
+    stop_by: float | None,
+    *,
+    main: bool,
+    broadcast: Callable[[Any], Any],
+    timings: tuple[float, float | None] = (0.0, None),
+) -> Deadline:
     """The segment's :class:`Deadline` from rank 0's reading of the job's end (``broadcast``: rank 0's
-    value on every rank, so all ranks stop alike), said once in the job's log."""
-    end = broadcast(job_end(stop_by) if main else None)
-    if main and end is not None:
+    value on every rank, so all ranks stop alike) and of the run's past ``timings`` (:func:`past_timings`),
+    said once in the job's log. Raises :class:`WalltimeTooShortError` (every rank) when the past
+    timings say one step and a save cannot finish before the end."""
+    end, step_s, save_s = broadcast((job_end(stop_by), *timings) if main else None)
+    deadline = Deadline(end, step_s, save_s)
+    if end is None:
+        return deadline
+    left = end - time.time()
+    if main:
         log.info(
-            "%s: the job ends at %s; a segment that would run past it stops at a checkpoint first",
+            "%s: the job ends at %s (%.0f s from now); a segment that would run past it stops at a "
+            "checkpoint first",
             cell,
             time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)),
+            left,
         )
-    return Deadline(end)
+    if step_s and left < deadline.need():
+        raise WalltimeTooShortError(
+            f"{cell}: the job ends in {left:.0f} s, but one step ({step_s:.0f} s at most of the last ones) "
+            f"and its checkpoint ({deadline.need() - STEP_SLACK * step_s - MARGIN_S:.0f} s) with the "
+            f"{MARGIN_S:.0f} s margin need {deadline.need():.0f} s: raise the train job's runtime "
+            "(resources.train.runtime, minutes; `aggbench plan` estimates it)"
+        )
+    return deadline
 
 
 def stopped(cell: str, step: int, end: float, checkpoint: str) -> WalltimeStop:
