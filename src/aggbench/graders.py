@@ -72,7 +72,9 @@ class GraderSpec:
     """One grader. ``programs``: it grades programs (no majority vote over them; sandbox layers are
     recorded). ``pooled``: its grade/reward functions run in a GradingPool of killable workers.
     ``same_answer``: ``f(a, b) -> bool``, whether two extracted answers are one answer in maj@k's
-    vote (None: identical strings only)."""
+    vote (None: identical strings only). ``version``: bumped when a change can move a score (what it
+    extracts, how it compares, how maj@k pools); metrics.json records it, and the workflow's grade
+    jobs take it as a param, so Snakemake grades existing samples again under a new one."""
 
     name: str
     record: Record
@@ -82,6 +84,7 @@ class GraderSpec:
     programs: bool = False
     pooled: bool = False
     same_answer: str | Callable[[str, str], bool] | None = None
+    version: str = "1"
 
     def grade_fn(self) -> GradeFn:
         return resolve_target(self.grade)
@@ -111,15 +114,17 @@ def register_grader(
     reward: str | RewardFn | None = None,
     programs: bool = False,
     pooled: bool = False,
+    version: str = "1",
 ) -> Callable[[GradeFn], GradeFn]:
-    """Decorator: register ``fn(rows, *, workers, timeout_s, progress)`` as grader ``name``."""
+    """Decorator: register ``fn(rows, *, workers, timeout_s, progress)`` as grader ``name``
+    (``version``: see :class:`GraderSpec`)."""
     if record not in SAMPLE_FIELDS:
         raise ValueError(f"grader {name!r}: record must be one of {', '.join(SAMPLE_FIELDS)}, got {record!r}")
 
     def decorator(fn: GradeFn) -> GradeFn:
         GRADERS.add(
             name,
-            GraderSpec(name, record, fn, check_row, reward, programs, pooled),
+            GraderSpec(name, record, fn, check_row, reward, programs, pooled, version=version),
             same=lambda a, b: _same_function(a.grade, b.grade),
         )
         return fn
@@ -157,6 +162,8 @@ for _name, _kw in (
             reward=f"{_V}:math_rewards",
             pooled=True,
             same_answer="aggbench.grading.math:same_answer",  # maj@k pools "0.5" and "1/2"
+            # 2 (2026-12-07): a plain Answer: line after a box no longer overrides it; maj@k pools
+            version="2",
         ),
     ),
     # the DAPO recipe's reward (verl math_dapo.compute_score, ported): DAPO-17k's training reward

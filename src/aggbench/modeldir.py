@@ -100,7 +100,10 @@ def checksum_mismatch(directory: Path, part: tuple[int, int] = (0, 1)) -> tuple[
             if rel.startswith(RETAINED_ONLY_LATEST):
                 continue
             return path, "missing (it was there when the checkpoint was written)"
-        got = sha256_file(path)
+        try:
+            got = sha256_file(path)
+        except OSError as exc:  # a verdict, not a raise: the other ranks wait for this one's
+            return path, f"unreadable while hashing ({type(exc).__name__}: {exc})"
         if got != want:
             return path, (
                 f"changed since the checkpoint was written: sha256 {got[:12]}..., recorded {want[:12]}...; "

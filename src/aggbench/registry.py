@@ -121,7 +121,9 @@ def load_plugins(modules: Iterable[str], *, search_paths: Iterable[str | Path] =
             path = Path(spec)
             if not path.is_file():
                 raise RegistryError(
-                    f"plugin file {spec!r} does not exist (plugins: entries may be .py paths)"
+                    f"plugin file {spec!r} does not exist (a relative .py path is read from the working "
+                    f"directory, {Path.cwd()}: give it from there or as an absolute path, or name the module "
+                    f"({path.stem}), which the workflow also finds beside the config that names it)"
                 )
             name = f"aggbench_plugin_{path.stem}"
             module_spec = importlib.util.spec_from_file_location(name, path)

@@ -124,6 +124,11 @@ def test_plugin_by_module_path_and_file(tmp_path, monkeypatch):
         load_plugins(["no_such_rules_mod"])
     with pytest.raises(RegistryError, match="plugin file"):
         load_plugins([str(tmp_path / "missing.py")])
+    # a relative path: the error says where it was read from and the module-name alternative
+    with pytest.raises(
+        RegistryError, match=r"read from the working directory, .*or name the module \(my_rules\)"
+    ):
+        load_plugins(["my_rules.py"])
 
 
 @pytest.mark.parametrize(

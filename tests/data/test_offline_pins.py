@@ -54,7 +54,7 @@ def test_a_source_with_another_row_count_than_expected_rows_is_refused(
     be) reads a copy with one row dropped: load and fetch both refuse it, naming the field; the
     shipped specs' counts are their files' (every shipped copy loads: the pin test above)."""
     from aggbench.data import DataError
-    from aggbench.data.fetch import fetch_benchmarks, records_file
+    from aggbench.data.fetch import FetchedDataError, fetch_benchmarks, records_file
 
     assert {n: load_benchmark_spec(n).expected_rows for n in ("math500", "aime24", "aime25")} == {
         "math500": 500,
@@ -72,6 +72,16 @@ def test_a_source_with_another_row_count_than_expected_rows_is_refused(
     copy = data / load_benchmark_spec("mine").offline_file
     copy.chmod(0o644)
     assert len(load_benchmark("mine", data_dir=data)) == 30  # the whole file: as expected
+    # a copy fetched before the spec declared its count (here: the spec now says 31) is refused too
+    fetched = tmp_path / "fetched_before"
+    fetch_benchmarks(["mine"], fetched, data_dir=data, echo=lambda _line: None)
+    spec_file = specs / "mine.yaml"
+    spec_file.write_text(spec_file.read_text().replace("expected_rows: 30", "expected_rows: 31"))
+    with pytest.raises(
+        FetchedDataError, match=r"holds 30 records, but the spec's expected_rows is 31.*--refetch mine"
+    ):
+        fetch_benchmarks(["mine"], fetched, data_dir=data, echo=lambda _line: None)
+    spec_file.write_text(spec_file.read_text().replace("expected_rows: 31", "expected_rows: 30"))
     copy.write_text("".join(copy.read_text().splitlines(keepends=True)[:-1]))  # the last row gone
     with pytest.raises(DataError, match=r"mine: 29 rows, but the spec's expected_rows is 30"):
         load_benchmark("mine", data_dir=data)

@@ -217,6 +217,7 @@ def test_score_math_metrics_by_hand(data_env, tmp_path):
     assert [g["extracted"] for g in graded[3:5]] == ["1", "1"]
     assert graded[4]["reason"] == "not_equivalent"
     m = json.loads((tmp_path / "eval" / "math500.metrics.json").read_text())
+    assert m["grader"] == "math" and m["grader_version"] == "2"  # 2: Answer: lines after a box, maj@k pooling
     # per-problem correct counts c = 2, 1, 1, 0 out of n = 3
     assert m["n_problems"] == 4 and m["n_samples"] == 3 and m["n_responses"] == 12
     assert m["metrics"] == ["avg@3", "pass@1", "pass@3", "maj@3"]  # the YAML's @4 metrics need n >= 4

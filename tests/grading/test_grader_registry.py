@@ -76,7 +76,7 @@ def test_a_registered_grader_is_usable_from_a_benchmark_yaml(toy_grader, tmp_pat
             rows.append({"id": r["id"], "sample": s, "response": response, "answer": r["answer"]})
     samples.write_text("".join(json.dumps(x) + "\n" for x in rows))
     metrics = score_benchmark(str(spec_path), samples, tmp_path / "eval.jsonl")
-    assert metrics["grader"] == "toy_suffix"
+    assert metrics["grader"] == "toy_suffix" and metrics["grader_version"] == "1"  # register_grader's default
     assert metrics["avg@2"] == pytest.approx(3 / 12)  # 3 right samples of 12
     assert metrics["pass@2"] == pytest.approx(3 / 6)
     assert "maj@2" in metrics  # an answer grader, not programs: majority vote applies

@@ -150,7 +150,7 @@ def test_resume_after_a_plugin_rules_file_changed_is_refused(tmp_path, tiny_sft_
         '    return get_rule("token").fn(mask, advantages, group_ids)\n'
     )
     cell = write_cell(
-        tmp_path / "cell.yaml", tiny_sft_model, tiny_train_data, rule="test_pinned_rule", steps=2, every=1
+        tmp_path / "cell.yaml", tiny_sft_model, tiny_train_data, rule="test_pinned_rule", steps=3, every=1
     )
     cell.write_text(yaml.safe_dump({**yaml.safe_load(cell.read_text()), "plugins": [str(plugin)]}))
     out = tmp_path / "run"
@@ -159,11 +159,23 @@ def test_resume_after_a_plugin_rules_file_changed_is_refused(tmp_path, tiny_sft_
         train(cfg, out, until_step=1, quiet=True)
         stored = json.loads(layout.rule_file(out).read_text())
         assert stored["source_file"] == str(plugin) and len(stored["source_sha256"]) == 16
+        was = stored["source_sha256"]
         plugin.write_text(plugin.read_text() + "# edited between segments\n")
         with pytest.raises(
             ConfigError, match=r"pinned_rule\.py at sha256 [0-9a-f]{16}; that plugin's file .* is now"
         ):
             train(cfg, out, quiet=True)
-        assert train(cfg, out, quiet=True, allow_config_change=True)["end_step"] == 2
+        assert train(cfg, out, until_step=2, quiet=True, allow_config_change=True)["end_step"] == 2
+        # the edited file is pinned from then on: the next segment resumes without the flag, and
+        # the record says since when the run trains it
+        assert train(cfg, out, quiet=True)["end_step"] == 3
+        stored = json.loads(layout.rule_file(out).read_text())
+        assert stored["source_sha256"] != was and [
+            c["resumed_at_step"] for c in stored["source_changes"]
+        ] == [1]
+        assert (
+            stored["source_changes"][0]["from"] == was
+            and stored["source_changes"][0]["to"] == stored["source_sha256"]
+        )
     finally:
         RULES.remove("test_pinned_rule")

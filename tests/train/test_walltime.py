@@ -42,10 +42,13 @@ def test_a_resumed_segment_starts_from_the_runs_own_timings(tmp_path):
     os.utime(complete, (rows[-1]["time"] + 30.0, rows[-1]["time"] + 30.0))
     assert walltime.past_timings(rows, complete) == (71.0, 30.0)  # steps 3..7: the slowest is 7's
     assert walltime.past_timings([], None) == (0.0, None)
+    # a copied run directory (its mtimes the copy's): a "save" of hours is no save, it is ignored
+    os.utime(complete, (rows[-1]["time"] + 86400.0, rows[-1]["time"] + 86400.0))
+    assert walltime.past_timings(rows, complete) == (71.0, None)
     d = walltime.for_segment("c", time.time() + 1e6, main=True, broadcast=lambda x: x, timings=(71.0, 30.0))
     assert (d.step_s, d.save_s) == (71.0, 30.0) and d.need() == 1.25 * 71.0 + 30.0 + walltime.MARGIN_S
     with pytest.raises(
-        walltime.WalltimeTooShortError, match=r"the job ends in \d+ s, but one step .*raise the train"
+        walltime.WalltimeTooShortError, match=r"the job ends in \d+ s, but one step .*raise a later --stop-by"
     ):
         walltime.for_segment("c", time.time() + 100.0, main=True, broadcast=lambda x: x, timings=(71.0, 30.0))
     # no past steps (a run's first segment): nothing to judge by, it starts

@@ -129,6 +129,12 @@ def check_entry(spec: Any, entry: dict[str, Any], root: Path) -> Path:
         raise FetchedDataError(stale)
     if not path.is_file():
         raise FetchedDataError(f"{spec.name}: {path} is listed in {lock_file(root)} but missing: {fix}")
+    want = getattr(spec, "expected_rows", None)
+    if want is not None and entry.get("records") != want:  # fetched before the spec declared it
+        raise FetchedDataError(
+            f"{spec.name}: the fetched copy {path} holds {entry.get('records')} records, but the spec's "
+            f"expected_rows is {want}: another split or revision than the spec was written for. {fix[0].upper()}{fix[1:]}"
+        )
     got = sha256_file(path)
     if got != entry.get("sha256"):
         raise FetchedDataError(

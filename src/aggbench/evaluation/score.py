@@ -162,6 +162,11 @@ def compute_metrics(
     return out
 
 
+# Seconds maj@k may spend pooling one problem's answers by the grader's ``same_answer`` (each call
+# also has its own soft deadline); past it the remaining answers pool as written.
+POOL_BUDGET_S = 30.0
+
+
 def _majority_correct(
     samples: Sequence[Mapping[str, Any]],
     harness_failed: Callable[[Any], bool],
@@ -172,17 +177,25 @@ def _majority_correct(
     Answers vote together where they are one answer: identical strings, and where the grader's
     ``same`` says so (math: ``0.5``, ``\\frac{1}{2}`` and ``1/2``), each answer joining the first
     earlier pool it matches; a sample the grading harness failed (a time-out: its answer may be what
-    hung the grader) pools by identical strings only. The largest pool wins, ties to the pool whose
+    hung the grader) pools by identical strings only, as does every answer after ``POOL_BUDGET_S``
+    spent on the problem (``same`` runs in this process: its deadline is soft). The largest pool wins, ties to the pool whose
     first answer came first (without ``same``: :func:`~aggbench.evaluation.metrics.majority_answer`);
     its verdict is that of its first sample the grader judged, else of its first sample."""
     from aggbench.evaluation.metrics import answered
 
     pools: list[list[Mapping[str, Any]]] = []
+    t0 = time.monotonic()
     for s in samples:
         a = s.get("extracted")
         if not answered(a):
             continue
-        compare = same is not None and isinstance(a, str) and not harness_failed(s.get("reason"))
+        # past POOL_BUDGET_S on one problem, answers pool as written (a soft bound on sympy's time)
+        compare = (
+            same is not None
+            and isinstance(a, str)
+            and not harness_failed(s.get("reason"))
+            and time.monotonic() - t0 < POOL_BUDGET_S
+        )
         for pool in pools:
             b = pool[0].get("extracted")
             if a == b or (
@@ -238,6 +251,7 @@ def score_benchmark(
     metrics = {
         "benchmark": spec.name,
         "grader": grader,
+        "grader_version": entry.version,  # a new one moves scores: never mix the two in a table
         **metrics,
         "grading_s": round(time.perf_counter() - t0, 3),
         # relative to the metrics file (a copied results directory reads its own samples)

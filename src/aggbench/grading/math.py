@@ -365,6 +365,7 @@ def grade_math(
     return verdicts[0]
 
 
+@functools.lru_cache(maxsize=65536)  # the k samples of a problem repeat their answers
 def same_answer(a: str, b: str, *, timeout_s: float = 5.0) -> bool:
     """Whether two extracted answers are one answer for maj@k's vote (``"0.5"``, ``"\\frac{1}{2}"``
     and ``"1/2"`` pool), by the comparison grading uses between a response and its gold: both sides

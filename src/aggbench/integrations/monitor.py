@@ -6,7 +6,9 @@ training. Keys (all under ``aggbench/``):
 
 - ``len/cv``, ``len/gap``, ``len/cv_within``, ``len/gap_within``: response-length CV and the
   right-minus-wrong length gap, pooled and within group (``aggregation.diagnostics.length_stats``,
-  the same numbers aggbench's trainer logs as ``len/*``);
+  as aggbench's trainer logs ``len/*``), of the loss mask's lengths: a response the run's loss masks
+  out whole (TRL's ``mask_truncated_completions``) counts as length 0 here, where aggbench's
+  trainer counts its own length;
 - ``run/weight_pos``, ``run/weight_neg``, ``run/weight_ratio``: the total weight each advantage sign
   gets under the run's OWN loss mode (``aggbench.audit``'s weights of that library's mode, at
   importance ratio 1, times |A|, summed over the sign's tokens);

@@ -36,7 +36,7 @@ import torch
 
 from aggbench.config_errors import ConfigError
 from aggbench.errors import InputError
-from aggbench.files import disk_full
+from aggbench.files import disk_full, write_atomic
 from aggbench.layout import (
     COMPLETE,
     STATE_FILE,
@@ -344,6 +344,28 @@ def rule_source(rule: Any) -> dict[str, str]:
     except (OSError, TypeError):
         return {}
     return {"source_file": str(path), "source_sha256": digest}
+
+
+def record_rule(out: Path, rule: Any, resumes_at: int) -> None:
+    """Write the run's aggregation.json at its first segment (the rule as described, and a plugin's
+    file pin: :func:`rule_source`); at a later one whose plugin file changed (a resume
+    :func:`check_rule_version` allowed), pin the new file and append the change to
+    ``source_changes`` (from, to, the step it resumed at), so the segments after it resume and the
+    record says since when the run trains the edited file. Rank 0, under the run lock."""
+    path = rule_file(out)
+    source = rule_source(rule)
+    if not path.exists():
+        write_atomic(path, json.dumps({**rule.describe(), **source}, indent=2) + "\n")
+        return
+    stored = json.loads(path.read_text())
+    was, now = stored.get("source_sha256"), source.get("source_sha256")
+    if was and now and was != now and stored.get("rule") == rule.rule:
+        stored["source_changes"] = [
+            *stored.get("source_changes", []),
+            {"from": was, "to": now, "resumed_at_step": resumes_at},
+        ]
+        stored.update(source)
+        write_atomic(path, json.dumps(stored, indent=2) + "\n")
 
 
 def check_rule_version(out: Path, rule: Any, *, allow_change: bool = False) -> None:

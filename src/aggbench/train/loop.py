@@ -291,12 +291,8 @@ def _train_segment(
         layout.failure_file(out).unlink(missing_ok=True)  # a new attempt
         dump_config(cfg, layout.resolved_config_file(out))
         environment.write(layout.environment_file(out))  # rewritten per segment, like the config
-        if not layout.rule_file(out).exists():  # what the run was started with, kept on resumes
-            described = {
-                **prep.rule.describe(),
-                **checkpoint.rule_source(prep.rule),
-            }  # a plugin's file pinned
-            write_atomic(layout.rule_file(out), json.dumps(described, indent=2) + "\n")
+        # what the run was started with, kept on resumes (a plugin's file pin follows an allowed edit)
+        checkpoint.record_rule(out, prep.rule, layout.latest_resumable(out) or 0)
         checkpoint.clean_partial(out)
     ranks.barrier()
     # ---- resume point: the latest complete checkpoint with trainer state

@@ -41,6 +41,9 @@ MARGIN_S = 120.0
 # The next step is assumed up to this much slower than the slowest step seen (dynamic sampling's
 # refill rounds vary the step time).
 STEP_SLACK = 1.25
+# A save read from the run files (COMPLETE's mtime less its row's time) longer than this many steps
+# is not a save: the directory was copied or restored (cp -r, rsync without -t), so it is ignored.
+SAVE_TRUST = 10.0
 
 
 class WalltimeStop(Terminated):
@@ -130,10 +133,12 @@ def past_timings(rows: list[dict[str, Any]], complete: Path | None) -> tuple[flo
     ``time/update_s``), ``complete`` that checkpoint's COMPLETE marker (written when the save ended;
     its step's row was written just before the save began). (0.0, None) where they say nothing."""
     steps = [r.get("time/generate_s", 0.0) + r.get("time/update_s", 0.0) for r in rows[-5:]]
-    save = None
+    step_s, save = max(steps, default=0.0), None
     if rows and complete is not None and complete.is_file() and isinstance(rows[-1].get("time"), float):
         save = max(complete.stat().st_mtime - rows[-1]["time"], 0.0)
-    return max(steps, default=0.0), save
+        if step_s and save > SAVE_TRUST * step_s:  # a copied or restored run directory's mtimes
+            save = None
+    return step_s, save
 
 
 def for_segment(
@@ -148,27 +153,39 @@ def for_segment(
     value on every rank, so all ranks stop alike) and of the run's past ``timings`` (:func:`past_timings`),
     said once in the job's log. Raises :class:`WalltimeTooShortError` (every rank) when the past
     timings say one step and a save cannot finish before the end."""
-    end, step_s, save_s = broadcast((job_end(stop_by), *timings) if main else None)
-    deadline = Deadline(end, step_s, save_s)
-    if end is None:
-        return deadline
-    left = end - time.time()
+    too_short = None
     if main:
-        log.info(
-            "%s: the job ends at %s (%.0f s from now); a segment that would run past it stops at a "
-            "checkpoint first",
-            cell,
-            time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)),
-            left,
-        )
-    if step_s and left < deadline.need():
-        raise WalltimeTooShortError(
-            f"{cell}: the job ends in {left:.0f} s, but one step ({step_s:.0f} s at most of the last ones) "
-            f"and its checkpoint ({deadline.need() - STEP_SLACK * step_s - MARGIN_S:.0f} s) with the "
-            f"{MARGIN_S:.0f} s margin need {deadline.need():.0f} s: raise the train job's runtime "
-            "(resources.train.runtime, minutes; `aggbench plan` estimates it)"
-        )
-    return deadline
+        end = job_end(stop_by)
+        deadline = Deadline(end, *timings)
+        if end is not None:
+            left = end - time.time()
+            log.info(
+                "%s: the job ends at %s (%.0f s from now); a segment that would run past it stops at a "
+                "checkpoint first",
+                cell,
+                time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)),
+                left,
+            )
+            if deadline.step_s and left < deadline.need():
+                fix = (
+                    "a later --stop-by"
+                    if stop_by is not None
+                    else (
+                        "the train job's runtime (resources.train.runtime, minutes; `aggbench plan` estimates it)"
+                    )
+                )
+                too_short = (
+                    f"{cell}: the job ends in {left:.0f} s, but one step ({deadline.step_s:.0f} s at most of the "
+                    f"last ones) and its checkpoint ({deadline.need() - STEP_SLACK * deadline.step_s - MARGIN_S:.0f}"
+                    f" s) with the {MARGIN_S:.0f} s margin need {deadline.need():.0f} s: raise {fix}"
+                )
+    # rank 0 decides, every rank follows (each rank's own clock could decide otherwise near the end)
+    end, step_s, save_s, too_short = broadcast(
+        (deadline.end, deadline.step_s, deadline.save_s, too_short) if main else None
+    )
+    if too_short:
+        raise WalltimeTooShortError(too_short)
+    return Deadline(end, step_s, save_s)
 
 
 def stopped(cell: str, step: int, end: float, checkpoint: str) -> WalltimeStop:
