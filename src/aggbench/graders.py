@@ -73,8 +73,7 @@ class GraderSpec:
     recorded). ``pooled``: its grade/reward functions run in a GradingPool of killable workers.
     ``same_answer``: ``f(a, b) -> bool``, whether two extracted answers are one answer in maj@k's
     vote (None: identical strings only). ``version``: bumped when a change can move a score (what it
-    extracts, how it compares, how maj@k pools); metrics.json records it, and the workflow's grade
-    jobs take it as a param, so Snakemake grades existing samples again under a new one."""
+    extracts, how it compares, how maj@k pools); metrics.json records it as ``grader_version``."""
 
     name: str
     record: Record
@@ -114,6 +113,7 @@ def register_grader(
     reward: str | RewardFn | None = None,
     programs: bool = False,
     pooled: bool = False,
+    same_answer: str | Callable[[str, str], bool] | None = None,
     version: str = "1",
 ) -> Callable[[GradeFn], GradeFn]:
     """Decorator: register ``fn(rows, *, workers, timeout_s, progress)`` as grader ``name``
@@ -124,7 +124,7 @@ def register_grader(
     def decorator(fn: GradeFn) -> GradeFn:
         GRADERS.add(
             name,
-            GraderSpec(name, record, fn, check_row, reward, programs, pooled, version=version),
+            GraderSpec(name, record, fn, check_row, reward, programs, pooled, same_answer, version),
             same=lambda a, b: _same_function(a.grade, b.grade),
         )
         return fn

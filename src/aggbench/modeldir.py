@@ -103,7 +103,10 @@ def checksum_mismatch(directory: Path, part: tuple[int, int] = (0, 1)) -> tuple[
         try:
             got = sha256_file(path)
         except OSError as exc:  # a verdict, not a raise: the other ranks wait for this one's
-            return path, f"unreadable while hashing ({type(exc).__name__}: {exc})"
+            why = (
+                f"{type(exc).__name__} while hashing it: {exc}; if the filesystem or the permissions were at"
+            )
+            return path, why + " fault, fix them and rerun first"
         if got != want:
             return path, (
                 f"changed since the checkpoint was written: sha256 {got[:12]}..., recorded {want[:12]}...; "

@@ -183,3 +183,19 @@ def _spec_with_builtin_grader(tmp_path):
     path = tmp_path / "toy_bench_tiny.yaml"
     path.write_text(BENCHMARK.replace("toy_suffix", "tiny"))
     return load_benchmark_spec(path)
+
+
+def test_register_grader_takes_same_answer_and_version():
+    """A plugin grader can pool maj@k answers and version itself, as the built-in math grader does."""
+    from aggbench.graders import GRADERS, get_grader, register_grader
+
+    @register_grader("toy_versioned", same_answer=lambda a, b: a.lower() == b.lower(), version="3")
+    def toy_versioned(rows, *, workers=None, timeout_s=None, progress=False):
+        return [{"correct": True, "extracted": r["response"], "reason": "toy"} for r in rows]
+
+    try:
+        spec = get_grader("toy_versioned")
+        assert spec.version == "3" and spec.same_answer_fn()("A", "a")
+        assert get_grader("math").version == "2" and get_grader("tiny").version == "1"
+    finally:
+        GRADERS.remove("toy_versioned")

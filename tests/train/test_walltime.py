@@ -63,8 +63,11 @@ def test_the_end_comes_from_stop_by_then_slurm(monkeypatch, tmp_path):
     monkeypatch.setenv(walltime.END_ENV, "1900000000")
     assert walltime.job_end(None) == 1900000000.0
     assert walltime.job_end(5.0) == 5.0  # --stop-by wins
-    monkeypatch.setenv(walltime.END_ENV, "soon")
-    assert walltime.job_end(None) is None  # unreadable: a warning, not a crash
+    for bad in ("soon", "nan", "inf", "1e300"):
+        monkeypatch.setenv(walltime.END_ENV, bad)
+        assert walltime.job_end(None) is None, bad  # unreadable: a warning, not a crash
+    with pytest.raises(walltime.WalltimeTooShortError, match="is not a Unix time"):
+        walltime.job_end(float("inf"))  # --stop-by inf: one line, before any rank waits on rank 0
     # an older Slurm sets no end variable: the job's id, and squeue cannot be run here -> None
     monkeypatch.delenv(walltime.END_ENV)
     monkeypatch.setenv("SLURM_JOB_ID", "42")

@@ -87,21 +87,11 @@ rule generate_base:
         "--fetched {params.fetched:q} --out {params.out} {params.options} --quiet > {log} 2>&1"
 
 
-def _grader_version(wildcards):
-    """The benchmark's grader version (aggbench.graders.GraderSpec.version): a new one (a change that
-    can move a score) grades existing samples again, by Snakemake's params rerun trigger."""
-    from aggbench.data import load_benchmark_spec
-
-    return load_benchmark_spec(wildcards.bench).grader.entry.version
-
-
 rule grade:
     input:
         **_samples_in(samples_of(run_dir('{cell}'), '{step}')),
     output:
         **grade_files(run_dir("{cell}"), "{step}", "{bench}"),
-    params:
-        grader_version=_grader_version,
     log:
         f"{R}/logs/grade/{{cell}}/step_{{step}}/{{bench}}.log",
     benchmark:  # the job's wall time, CPU time and peak memory (benchmarks/cell_time.py)
@@ -119,8 +109,6 @@ rule grade_base:
         **_samples_in(samples_of(base_dir('{model}'), 0)),
     output:
         **grade_files(base_dir("{model}"), 0, "{bench}"),
-    params:
-        grader_version=_grader_version,
     log:
         f"{R}/logs/grade_base/{{model}}/{{bench}}.log",
     benchmark:  # the job's wall time, CPU time and peak memory (benchmarks/cell_time.py)
@@ -169,8 +157,6 @@ rule grade_eval_seed:
         f"{layout.eval_seed_dir(samples_of(run_dir('{cell}'), '{step}'), '{eseed}')}/{{bench}}.jsonl",
     output:
         **dict(zip(("graded", "metrics"), eval_seed_files(run_dir("{cell}"), "{step}", "{bench}", "{eseed}"))),
-    params:
-        grader_version=_grader_version,
     log:
         f"{R}/logs/grade/{{cell}}/step_{{step}}/eval_seed_{{eseed}}/{{bench}}.log",
     benchmark:  # the job's wall time, CPU time and peak memory (benchmarks/cell_time.py)

@@ -346,14 +346,15 @@ def rule_source(rule: Any) -> dict[str, str]:
     return {"source_file": str(path), "source_sha256": digest}
 
 
-def record_rule(out: Path, rule: Any, resumes_at: int) -> None:
+def record_rule(out: Path, rule: Any, source: dict[str, str], resumes_at: int) -> None:
     """Write the run's aggregation.json at its first segment (the rule as described, and a plugin's
     file pin: :func:`rule_source`); at a later one whose plugin file changed (a resume
     :func:`check_rule_version` allowed), pin the new file and append the change to
     ``source_changes`` (from, to, the step it resumed at), so the segments after it resume and the
-    record says since when the run trains the edited file. Rank 0, under the run lock."""
+    record says since when the run trains the edited file. ``source``: :func:`rule_source` as read
+    once when the plugin was imported (what :func:`check_rule_version` judged). Rank 0, under the
+    run lock."""
     path = rule_file(out)
-    source = rule_source(rule)
     if not path.exists():
         write_atomic(path, json.dumps({**rule.describe(), **source}, indent=2) + "\n")
         return
@@ -368,7 +369,9 @@ def record_rule(out: Path, rule: Any, resumes_at: int) -> None:
         write_atomic(path, json.dumps(stored, indent=2) + "\n")
 
 
-def check_rule_version(out: Path, rule: Any, *, allow_change: bool = False) -> None:
+def check_rule_version(
+    out: Path, rule: Any, *, source: dict[str, str] | None = None, allow_change: bool = False
+) -> None:
     """Refuse to resume a run trained under another version of its rule (a changed meaning: results
     of the two must never be mixed). A run from before aggregation.json existed was version 1. A
     plugin's rule is also pinned by its file's sha256 as the run's first segment found it (an edit
@@ -383,12 +386,13 @@ def check_rule_version(out: Path, rule: Any, *, allow_change: bool = False) -> N
             "(docs/aggregations.md). Results of the two versions must not be mixed: train the cell into a "
             "new results directory"
         )
-    now = rule_source(rule).get("source_sha256")
+    source = rule_source(rule) if source is None else source
+    now = source.get("source_sha256")
     was = stored.get("source_sha256")
     if stored.get("rule") == rule.rule and was and now and was != now and not allow_change:
         raise ConfigError(
             f"{out} was trained with aggregation rule {rule.rule!r} from {stored.get('source_file')} at "
-            f"sha256 {was}; that plugin's file ({rule_source(rule)['source_file']}) is now {now}: an edit "
+            f"sha256 {was}; that plugin's file ({source['source_file']}) is now {now}: an edit "
             "may have changed the rule's weights with its version unchanged, and results of the two must "
             "not be mixed. Restore the file; or give the changed rule a new version (register_rule("
             "version=...)) and train the cell into a new results directory; or, for an edit that cannot "

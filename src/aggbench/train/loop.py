@@ -40,7 +40,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,7 @@ class Prepared:
     records: list[dict] | None
     allow_change: bool = False
     stop_by: float | None = None  # the job's end as a Unix time (--stop-by; else SLURM's: walltime)
+    source: dict[str, str] = field(default_factory=dict)  # a plugin rule's file (checkpoint.rule_source)
 
 
 def train(
@@ -126,15 +127,20 @@ def train(
     out, a = Path(out_dir), cfg.algorithm
     # bad input fails here, on every rank, before the run directory, its lock or a model exist
     plugin_files, rule, estimator = _resolve(cfg)
+    if stop_by is not None:  # a bad --stop-by fails here, on every rank, before any collective
+        walltime.job_end(stop_by)
+    source = checkpoint.rule_source(
+        rule
+    )  # a plugin rule's file, hashed once: what is checked is what is pinned
     start = layout.latest_resumable(out) or 0
     if start:
         check_resume(out, cfg, allow_change=allow_config_change)
-        checkpoint.check_rule_version(out, rule, allow_change=allow_config_change)
+        checkpoint.check_rule_version(out, rule, source=source, allow_change=allow_config_change)
     last = min(until_step or a.total_steps, a.total_steps)
     records = _check_inputs(cfg, start) if start < last else None
     if start and records is not None:
         check_resume_data(out, cfg.dataset.path, records, allow_change=allow_config_change)
-    prep = Prepared(plugin_files, rule, estimator, records, allow_config_change, stop_by)
+    prep = Prepared(plugin_files, rule, estimator, records, allow_config_change, stop_by, source)
     ranks = parallel.setup(cfg)
     try:
         with ranks.run_lock(out):  # creates the run directory
@@ -292,7 +298,7 @@ def _train_segment(
         dump_config(cfg, layout.resolved_config_file(out))
         environment.write(layout.environment_file(out))  # rewritten per segment, like the config
         # what the run was started with, kept on resumes (a plugin's file pin follows an allowed edit)
-        checkpoint.record_rule(out, prep.rule, layout.latest_resumable(out) or 0)
+        checkpoint.record_rule(out, prep.rule, prep.source, layout.latest_resumable(out) or 0)
         checkpoint.clean_partial(out)
     ranks.barrier()
     # ---- resume point: the latest complete checkpoint with trainer state

@@ -22,6 +22,7 @@ decides and every rank follows (one broadcast per step), so ranks stop at the sa
 from __future__ import annotations
 
 import logging
+import math
 import os
 import subprocess
 import time
@@ -60,22 +61,29 @@ class WalltimeStop(Terminated):
 
 class WalltimeTooShortError(InputError, RuntimeError):
     """A resumed segment's job ends before one step and a checkpoint could finish (by the run's own
-    timings): the train job's ``runtime`` is too short for this model."""
+    timings): the train job's ``runtime`` is too short for this model; or ``--stop-by`` is no Unix time."""
 
 
 def job_end(stop_by: float | None) -> float | None:
     """The Unix time the job ends: ``stop_by`` if given, else SLURM's (see the module docstring);
     None outside a SLURM job or when SLURM does not say (an unlimited job)."""
     if stop_by is not None:
+        if not math.isfinite(stop_by) or not 0 < stop_by < 1e11:
+            raise WalltimeTooShortError(
+                f"--stop-by {stop_by!r} is not a Unix time (seconds since 1970, e.g. `date +%s`)"
+            )
         return float(stop_by)
     if os.environ.get(END_ENV, "").strip():
         try:
-            return float(os.environ[END_ENV])
+            end = float(os.environ[END_ENV])
         except ValueError:
+            end = math.nan
+        if not math.isfinite(end) or not 0 < end < 1e11:
             log.warning(
                 "$%s=%r is not a Unix time: no stop before the walltime", END_ENV, os.environ[END_ENV]
             )
             return None
+        return end
     job = os.environ.get("SLURM_JOB_ID", "").strip()
     if not job:
         return None
