@@ -72,10 +72,14 @@ def test_a_skill_phase_of_other_settings_is_refused_before_anything_is_written(t
 
 
 def test_the_warm_start_depends_on_the_thread_count_so_it_is_recorded(tmp_path):
-    """torch splits a CPU reduction by thread, so the same warm start on 1 and on 2 threads gives
-    other weights: the record says which (``sft_threads``), and the workflow pins it
-    (tests/workflow/test_lab_dag.py: `--cores 1` runs the prepare rules on the same 2 threads)."""
+    """torch splits a CPU reduction by thread, so the same warm start on 1 and on 2 threads can give
+    other weights (it does on the Intel AVX512 machines CI has run on; on an AMD EPYC AVX2 one, on
+    2026-12-07, the bytes were equal): the record says which (``sft_threads``) everywhere, and the
+    workflow pins it (tests/workflow/test_lab_dag.py: `--cores 1` runs the prepare rules on the same
+    2 threads)."""
     import torch
+
+    from aggbench.environment import cpu_capability, cpu_model
 
     before = torch.get_num_threads()
     try:
@@ -86,7 +90,11 @@ def test_the_warm_start_depends_on_the_thread_count_so_it_is_recorded(tmp_path):
         torch.set_num_threads(before)
     records = [json.loads((tmp_path / f"t{t}" / "aggbench_model.json").read_text()) for t in (1, 2)]
     assert [r["sft_threads"] for r in records] == [1, 2]
-    assert _bytes(tmp_path / "t1") != _bytes(tmp_path / "t2")
+    if _bytes(tmp_path / "t1") == _bytes(tmp_path / "t2"):  # the records above hold either way
+        pytest.skip(
+            f"on this CPU ({cpu_model()}, {cpu_capability()}) 1 and 2 threads trained the same bytes: "
+            "the premise (a thread count changes the weights) is checked where it holds"
+        )
 
 
 def test_a_warm_start_of_another_thread_count_is_neither_reused_nor_continued(tmp_path):
