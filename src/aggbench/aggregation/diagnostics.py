@@ -70,9 +70,9 @@ def length_stats(
 
     mask: [B, T]; advantages: [B]; group_ids: [B]; lengths: optional [B] response lengths in tokens,
     default the mask's row sums. Pass them where the loss mask drops whole responses (the overlong
-    filter empties a truncated response's row): the mask would count those as length 0. Keys: len/mean, len/cv, len/pos_mean, len/pos_cv,
-    len/neg_mean, len/neg_cv, len/gap (pos_mean - neg_mean), len/cv_within, len/gap_within,
-    groups/zero_variance, groups/total. All of the batch given: in the trainer the batch trained on,
+    filter empties a truncated response's row): the mask would count those as length 0. Keys:
+    len/mean, len/cv, len/pos_mean, len/pos_cv, len/neg_mean, len/neg_cv, len/gap (pos_mean -
+    neg_mean), len/cv_within, len/gap_within, groups/zero_variance, groups/total. All of the batch given: in the trainer the batch trained on,
     so under dynamic sampling ``groups/zero_variance`` counts only groups left when refills ran out;
     the groups the filter dropped are the trainer's ``groups/filtered`` (``aggbench.train.step_log``).
 

@@ -111,7 +111,8 @@ def compute_metrics(
     maj@k votes among the first k extracted answers (ties: the first to appear; answers the
     grader's ``same_answer`` calls one answer pool, so the math grader's ``0.5`` and ``1/2`` vote
     together, other graders' only as written; an empty one does not vote) and takes the verdict of
-    the winning answer's first sample that the grader actually judged (not a timeout or a crash). ``n_samples`` is the number of samples per problem; ``ci_low``/``ci_high`` bound avg@n
+    the winning answer's first sample that the grader actually judged (not a timeout or a crash).
+    ``n_samples`` is the number of samples per problem; ``ci_low``/``ci_high`` bound avg@n
     (bootstrap over problems). ``mean_length`` and ``truncation_rate`` are over the responses that
     were generated (not those whose prompt did not fit the context: ``not_generated`` counts them);
     ``not_judged`` counts the responses the grading harness, not the grader, decided (a time-out, a
@@ -178,9 +179,10 @@ def _majority_correct(
     ``same`` says so (math: ``0.5``, ``\\frac{1}{2}`` and ``1/2``), each answer joining the first
     earlier pool it matches; a sample the grading harness failed (a time-out: its answer may be what
     hung the grader) pools by identical strings only, as does every answer after ``POOL_BUDGET_S``
-    spent on the problem (``same`` runs in this process: its deadline is soft). The largest pool wins, ties to the pool whose
-    first answer came first (without ``same``: :func:`~aggbench.evaluation.metrics.majority_answer`);
-    its verdict is that of its first sample the grader judged, else of its first sample."""
+    spent on the problem (``same`` runs in this process: its deadline is soft). The largest pool
+    wins, ties to the pool whose first answer came first (without ``same``:
+    :func:`~aggbench.evaluation.metrics.majority_answer`); its verdict is that of its first sample
+    the grader judged, else of its first sample."""
     from aggbench.evaluation.metrics import answered
 
     pools: list[list[Mapping[str, Any]]] = []

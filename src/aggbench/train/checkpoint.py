@@ -36,7 +36,7 @@ import torch
 
 from aggbench.config_errors import ConfigError
 from aggbench.errors import InputError
-from aggbench.files import disk_full, write_atomic
+from aggbench.files import disk_full, sha256_file, write_atomic
 from aggbench.layout import (
     COMPLETE,
     STATE_FILE,
@@ -331,7 +331,6 @@ def _fsync_dir(path: Path) -> None:
 def rule_source(rule: Any) -> dict[str, str]:
     """``{"source_file", "source_sha256"}`` of a rule a user's plugin defines (its function's file,
     sha256 in 16 hex digits); {} for a rule aggbench ships (its version says what it computes)."""
-    import hashlib
     import inspect
 
     fn = rule.spec.fn
@@ -340,7 +339,7 @@ def rule_source(rule: Any) -> dict[str, str]:
         return {}
     try:
         path = Path(inspect.getsourcefile(fn) or "")
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+        digest = sha256_file(path)[:16]
     except (OSError, TypeError):
         return {}
     return {"source_file": str(path), "source_sha256": digest}
@@ -369,14 +368,12 @@ def record_rule(out: Path, rule: Any, source: dict[str, str], resumes_at: int) -
         write_atomic(path, json.dumps(stored, indent=2) + "\n")
 
 
-def check_rule_version(
-    out: Path, rule: Any, *, source: dict[str, str] | None = None, allow_change: bool = False
-) -> None:
+def check_rule_version(out: Path, rule: Any, *, source: dict[str, str], allow_change: bool = False) -> None:
     """Refuse to resume a run trained under another version of its rule (a changed meaning: results
     of the two must never be mixed). A run from before aggregation.json existed was version 1. A
     plugin's rule is also pinned by its file's sha256 as the run's first segment found it (an edit
     may change the weights with the version unchanged); ``allow_change`` (``--allow-config-change``)
-    lets a run resume past such an edit."""
+    lets a run resume past such an edit. ``source``: :func:`rule_source`, read once at import."""
     path = rule_file(out)
     stored = json.loads(path.read_text()) if path.is_file() else {"rule": rule.rule, "version": "1"}
     if stored.get("rule") == rule.rule and str(stored.get("version")) != rule.spec.version:
@@ -386,7 +383,6 @@ def check_rule_version(
             "(docs/aggregations.md). Results of the two versions must not be mixed: train the cell into a "
             "new results directory"
         )
-    source = rule_source(rule) if source is None else source
     now = source.get("source_sha256")
     was = stored.get("source_sha256")
     if stored.get("rule") == rule.rule and was and now and was != now and not allow_change:

@@ -129,9 +129,8 @@ def train(
     plugin_files, rule, estimator = _resolve(cfg)
     if stop_by is not None:  # a bad --stop-by fails here, on every rank, before any collective
         walltime.job_end(stop_by)
-    source = checkpoint.rule_source(
-        rule
-    )  # a plugin rule's file, hashed once: what is checked is what is pinned
+    # a plugin rule's file, hashed once: what the resume check judges is what aggregation.json pins
+    source = checkpoint.rule_source(rule)
     start = layout.latest_resumable(out) or 0
     if start:
         check_resume(out, cfg, allow_change=allow_config_change)

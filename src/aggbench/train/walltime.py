@@ -31,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from aggbench.config_errors import ConfigError
 from aggbench.errors import InputError
 from aggbench.train.run_status import Terminated
 
@@ -61,7 +62,7 @@ class WalltimeStop(Terminated):
 
 class WalltimeTooShortError(InputError, RuntimeError):
     """A resumed segment's job ends before one step and a checkpoint could finish (by the run's own
-    timings): the train job's ``runtime`` is too short for this model; or ``--stop-by`` is no Unix time."""
+    timings): the train job's ``runtime`` is too short for this model."""
 
 
 def job_end(stop_by: float | None) -> float | None:
@@ -69,7 +70,7 @@ def job_end(stop_by: float | None) -> float | None:
     None outside a SLURM job or when SLURM does not say (an unlimited job)."""
     if stop_by is not None:
         if not math.isfinite(stop_by) or not 0 < stop_by < 1e11:
-            raise WalltimeTooShortError(
+            raise ConfigError(
                 f"--stop-by {stop_by!r} is not a Unix time (seconds since 1970, e.g. `date +%s`)"
             )
         return float(stop_by)
